@@ -1,0 +1,149 @@
+/*
+ * quant.h - tensor element types and the compute kernels over them.
+ *
+ * Every weight type the engine understands is described by a row in a type
+ * table (block size, bytes per block, the activation format its dot product
+ * consumes).  The kernels come in one scalar reference set (quant_ref.c) and
+ * SIMD sets (quant_avx2.c, ...) with identical signatures; eng_kernels_get()
+ * picks the best set for this CPU once, and the forward pass only ever calls
+ * through the table, so no #ifdef appears in model code.
+ *
+ * Weights are never converted at load: vec_dot reads a weight row where it lies
+ * in the mapped file.  Activations are converted once per matmul into the
+ * weight type's vec_dot_type (Q8_0 for Q4_0/Q8_0, Q8_K for the K-quants, F32
+ * for the float types), as the reference engine does, so integer dot products
+ * can be used.
+ *
+ * Block layouts (little-endian, as in GGUF files; QK_K = 256):
+ *   Q4_0  32 elems, 18 B:  f16 d; u8 qs[16]      x = d * ((q & 15) - 8), low
+ *                          nibbles are elements 0..15, high nibbles 16..31
+ *   Q8_0  32 elems, 34 B:  f16 d; i8 qs[32]      x = d * q
+ *   Q4_K 256 elems, 144 B: f16 d, dmin; u8 scales[12] (8 6-bit scales and
+ *                          8 6-bit mins); u8 qs[128]
+ *   Q5_K 256 elems, 176 B: f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
+ *   Q6_K 256 elems, 210 B: u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
+ *   Q8_K 256 elems, 292 B: f32 d; i8 qs[256]; i16 bsums[16] (activations only)
+ *   F16, BF16, F32: one element per block.
+ */
+#ifndef STRATA_QUANT_H
+#define STRATA_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Numbering is the GGUF/ggml one: these values appear in model files. */
+enum eng_type {
+	ENG_TYPE_F32 = 0,
+	ENG_TYPE_F16 = 1,
+	ENG_TYPE_Q4_0 = 2,
+	ENG_TYPE_Q4_1 = 3,
+	ENG_TYPE_Q5_0 = 6,
+	ENG_TYPE_Q5_1 = 7,
+	ENG_TYPE_Q8_0 = 8,
+	ENG_TYPE_Q8_1 = 9,
+	ENG_TYPE_Q2_K = 10,
+	ENG_TYPE_Q3_K = 11,
+	ENG_TYPE_Q4_K = 12,
+	ENG_TYPE_Q5_K = 13,
+	ENG_TYPE_Q6_K = 14,
+	ENG_TYPE_Q8_K = 15,
+	ENG_TYPE_BF16 = 30,
+	ENG_TYPE_COUNT = 40, /* table size; unknown values stay NULL in it */
+};
+
+#define ENG_QK4_0 32
+#define ENG_QK8_0 32
+#define ENG_QK_K 256
+#define ENG_K_SCALE_SIZE 12
+
+typedef uint16_t eng_fp16_t;
+typedef uint16_t eng_bf16_t;
+
+struct eng_block_q4_0 {
+	eng_fp16_t d;
+	uint8_t qs[ENG_QK4_0 / 2];
+};
+_Static_assert(sizeof(struct eng_block_q4_0) == 18, "q4_0 block");
+
+struct eng_block_q8_0 {
+	eng_fp16_t d;
+	int8_t qs[ENG_QK8_0];
+};
+_Static_assert(sizeof(struct eng_block_q8_0) == 34, "q8_0 block");
+
+struct eng_block_q4_k {
+	eng_fp16_t d;
+	eng_fp16_t dmin;
+	uint8_t scales[ENG_K_SCALE_SIZE];
+	uint8_t qs[ENG_QK_K / 2];
+};
+_Static_assert(sizeof(struct eng_block_q4_k) == 144, "q4_k block");
+
+struct eng_block_q5_k {
+	eng_fp16_t d;
+	eng_fp16_t dmin;
+	uint8_t scales[ENG_K_SCALE_SIZE];
+	uint8_t qh[ENG_QK_K / 8];
+	uint8_t qs[ENG_QK_K / 2];
+};
+_Static_assert(sizeof(struct eng_block_q5_k) == 176, "q5_k block");
+
+struct eng_block_q6_k {
+	uint8_t ql[ENG_QK_K / 2];
+	uint8_t qh[ENG_QK_K / 4];
+	int8_t scales[ENG_QK_K / 16];
+	eng_fp16_t d;
+};
+_Static_assert(sizeof(struct eng_block_q6_k) == 210, "q6_k block");
+
+struct eng_block_q8_k {
+	float d;
+	int8_t qs[ENG_QK_K];
+	int16_t bsums[ENG_QK_K / 16];
+};
+_Static_assert(sizeof(struct eng_block_q8_k) == 292, "q8_k block");
+
+/* Static facts about a type.  supported is false for types that are named
+ * (so errors can say "Q4_1") but have no kernels. */
+struct eng_type_info {
+	const char *name;         /* "Q4_K", "F16", ... */
+	uint32_t blck;            /* elements per block */
+	uint32_t bytes;           /* bytes per block */
+	enum eng_type vec_dot_type; /* activation format vec_dot consumes */
+	bool supported;           /* has to_float and vec_dot kernels */
+};
+
+/* NULL for values no GGUF type has. */
+const struct eng_type_info *eng_type_info(uint32_t type);
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size
+ * or the type is unknown. */
+size_t eng_row_bytes(uint32_t type, uint64_t n);
+
+/* n is the row length in elements and always a multiple of the block size.
+ * vec_dot: *out = sum_i w[i] * a[i], w a row of the weight type, a the same
+ * row length in vec_dot_type format. */
+typedef void (*eng_to_float_fn)(const void *src, float *dst, size_t n);
+typedef void (*eng_from_float_fn)(const float *src, void *dst, size_t n);
+typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *a);
+
+struct eng_kernels {
+	const char *isa; /* "scalar", "avx2", ... */
+	eng_to_float_fn to_float[ENG_TYPE_COUNT];
+	eng_from_float_fn from_float[ENG_TYPE_COUNT]; /* for activation types */
+	eng_vec_dot_fn vec_dot[ENG_TYPE_COUNT];        /* indexed by weight type */
+};
+
+/* The scalar reference set: the ground truth for every other set. */
+const struct eng_kernels *eng_kernels_ref(void);
+/* The AVX2 set, or NULL if this CPU (or build) lacks AVX2/FMA/F16C. Types the
+ * set does not accelerate fall back to the reference kernels. */
+const struct eng_kernels *eng_kernels_avx2(void);
+/* The best set for this CPU, chosen once; STRATA_ISA=scalar|avx2 overrides. */
+const struct eng_kernels *eng_kernels_get(void);
+
+float eng_fp16_to_fp32(eng_fp16_t h);
+eng_fp16_t eng_fp32_to_fp16(float f);
+float eng_bf16_to_fp32(eng_bf16_t h);
+
+#endif

@@ -1,0 +1,556 @@
+/*
+ * quant_avx2.c - the AVX2/FMA/F16C kernel set.
+ *
+ * This is the only file built with -mavx2 -mfma -mf16c, and nothing in it
+ * runs before eng_kernels_avx2() has checked cpuid, so the binary still
+ * starts on older CPUs.  The set is the reference set with the hot kernels
+ * replaced: the quantized dot products, the float dot products, F16 rows to
+ * float, and the two activation quantizers.
+ *
+ * Numerics: the integer part of every quantized dot product is exact (the
+ * per-block integer sums equal the reference ones for any input bytes, -128
+ * included); only the order in which the float per-block terms are added
+ * differs from the reference.  The quantizers produce the reference's bytes
+ * exactly: Q8_0 emulates roundf (halves away from zero) rather than using the
+ * round-to-even of _mm256_round_ps, and Q8_K repeats ggml's nearest_int
+ * bit trick lane by lane.
+ *
+ * Threading: the table is built once under pthread_once; the kernels are
+ * pure.
+ */
+#include "quant.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+/*
+ * The code that runs before the cpuid check (and the table set-up, which the
+ * compiler would otherwise happily vectorize with VEX instructions) is built
+ * for the SSE2 baseline ("no-sse3" also turns off everything above it), so
+ * that asking for this set on an old CPU returns NULL instead of dying with
+ * SIGILL.
+ */
+#define BASELINE __attribute__((target("no-sse3")))
+
+BASELINE static bool cpu_has_avx2(void)
+{
+	unsigned int eax, ebx, ecx, edx;
+
+	/* __builtin_cpu_supports also checks that the OS saves the YMM
+	 * registers; clang's does not know "f16c", so that bit comes from
+	 * CPUID leaf 1 directly. */
+	__builtin_cpu_init();
+	if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_F16C))
+		return false;
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+static inline float fp16(eng_fp16_t h)
+{
+	return _cvtsh_ss(h);
+}
+
+static inline float hsum_f32x8(__m256 v)
+{
+	__m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+
+	r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+	r = _mm_add_ss(r, _mm_movehdup_ps(r));
+	return _mm_cvtss_f32(r);
+}
+
+static inline int32_t hsum_i32x8(__m256i v)
+{
+	__m128i r = _mm_add_epi32(_mm256_extracti128_si256(v, 1), _mm256_castsi256_si128(v));
+
+	r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+	r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 1));
+	return _mm_cvtsi128_si32(r);
+}
+
+static inline float hmax_f32x8(__m256 v)
+{
+	__m128 r = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+
+	r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+	r = _mm_max_ss(r, _mm_movehdup_ps(r));
+	return _mm_cvtss_f32(r);
+}
+
+static inline __m256 abs_ps(__m256 v)
+{
+	return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
+
+/*
+ * Four vectors of 8 int32 (each within int8 range) to 32 int8 in order.  The
+ * packs work within 128-bit lanes, which leaves the dwords as a0 b0 c0 d0 a1
+ * b1 c1 d1 (each 4 bytes); the permute puts them back as a0 a1 b0 b1 ...
+ */
+static inline __m256i pack_i32x32_i8(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+	const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+	__m256i v = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+
+	return _mm256_permutevar8x32_epi32(v, perm);
+}
+
+/* ---- float types ------------------------------------------------------ */
+
+static void f16_to_float(const void *src, float *dst, size_t n)
+{
+	const eng_fp16_t *x = src;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(x + i))));
+	for (; i < n; i++)
+		dst[i] = fp16(x[i]);
+}
+
+/* Element i of a weight row as 8 floats (load8) or one (load1). */
+static inline __m256 load8_f32(const void *w, size_t i)
+{
+	return _mm256_loadu_ps((const float *)w + i);
+}
+
+static inline float load1_f32(const void *w, size_t i)
+{
+	return ((const float *)w)[i];
+}
+
+static inline __m256 load8_f16(const void *w, size_t i)
+{
+	return _mm256_cvtph_ps(_mm_loadu_si128((const void *)((const eng_fp16_t *)w + i)));
+}
+
+static inline float load1_f16(const void *w, size_t i)
+{
+	return fp16(((const eng_fp16_t *)w)[i]);
+}
+
+/* bf16 is the top half of an fp32: widen and shift. */
+static inline __m256 load8_bf16(const void *w, size_t i)
+{
+	const __m128i h = _mm_loadu_si128((const void *)((const eng_bf16_t *)w + i));
+
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float load1_bf16(const void *w, size_t i)
+{
+	return eng_bf16_to_fp32(((const eng_bf16_t *)w)[i]);
+}
+
+/*
+ * The float dot products keep four float accumulators (the reference sums in
+ * double, so results differ in the last bits, as ggml's SIMD and scalar
+ * versions do).  Always inlined, so each caller gets its own loop with the
+ * loads built in.
+ */
+static inline __attribute__((always_inline)) float
+float_dot(size_t n, const void *w, const float *y, __m256 (*load8)(const void *, size_t),
+	  float (*load1)(const void *, size_t))
+{
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+	__m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+	float tail = 0.0f;
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		acc0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), acc0);
+		acc1 = _mm256_fmadd_ps(load8(w, i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+		acc2 = _mm256_fmadd_ps(load8(w, i + 16), _mm256_loadu_ps(y + i + 16), acc2);
+		acc3 = _mm256_fmadd_ps(load8(w, i + 24), _mm256_loadu_ps(y + i + 24), acc3);
+	}
+	for (; i + 8 <= n; i += 8)
+		acc0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), acc0);
+	for (; i < n; i++)
+		tail += load1(w, i) * y[i];
+	acc0 = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+	return hsum_f32x8(acc0) + tail;
+}
+
+static void vec_dot_f32(size_t n, float *out, const void *w, const void *a)
+{
+	*out = float_dot(n, w, a, load8_f32, load1_f32);
+}
+
+/* F16 weights with F16 activations (see quant_ref.c). */
+static void vec_dot_f16(size_t n, float *out, const void *w, const void *a)
+{
+	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+	float tail = 0.0f;
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		acc0 = _mm256_fmadd_ps(load8_f16(w, i), load8_f16(a, i), acc0);
+		acc1 = _mm256_fmadd_ps(load8_f16(w, i + 8), load8_f16(a, i + 8), acc1);
+	}
+	for (; i + 8 <= n; i += 8)
+		acc0 = _mm256_fmadd_ps(load8_f16(w, i), load8_f16(a, i), acc0);
+	for (; i < n; i++)
+		tail += load1_f16(w, i) * load1_f16(a, i);
+	*out = hsum_f32x8(_mm256_add_ps(acc0, acc1)) + tail;
+}
+
+static void f16_from_float(const float *src, void *dst, size_t n)
+{
+	eng_fp16_t *y = dst;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((void *)(y + i),
+				 _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+	for (; i < n; i++)
+		y[i] = eng_fp32_to_fp16(src[i]);
+}
+
+static void vec_dot_bf16(size_t n, float *out, const void *w, const void *a)
+{
+	*out = float_dot(n, w, a, load8_bf16, load1_bf16);
+}
+
+/* ---- Q4_0, Q8_0 ------------------------------------------------------- */
+
+/*
+ * ggml's AVX2 code multiplies signed by signed with the sign trick
+ * (maddubs(|x|, sign(y, x))), which is wrong when an activation is -128.
+ * Here the unsigned nibble q multiplies y, and 8*y is subtracted in 16 bits:
+ * sum((q - 8) * y) exactly, for any y.  Pair sums stay below 2^12.
+ */
+static void vec_dot_q4_0_q8_0(size_t n, float *out, const void *w, const void *a)
+{
+	const struct eng_block_q4_0 *x = w;
+	const struct eng_block_q8_0 *y = a;
+	const __m128i m4 = _mm_set1_epi8(0x0f);
+	const __m256i eight = _mm256_set1_epi8(8);
+	const __m256i ones = _mm256_set1_epi16(1);
+	float acc = 0.0f;
+
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		const __m128i raw = _mm_loadu_si128((const void *)x[ib].qs);
+		/* low nibbles are elements 0-15, high nibbles 16-31 */
+		const __m256i qx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4),
+						    _mm_and_si128(raw, m4));
+		const __m256i qy = _mm256_loadu_si256((const void *)y[ib].qs);
+		const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(qx, qy),
+						     _mm256_maddubs_epi16(eight, qy));
+		const __m256i p32 = _mm256_madd_epi16(p16, ones);
+
+		/* exact block sum, then one fma per block in block order, as
+		 * the reference (see quant_ref.c) */
+		acc = fmaf((float)hsum_i32x8(p32), fp16(x[ib].d) * fp16(y[ib].d), acc);
+	}
+	*out = acc;
+}
+
+/* Both sides signed and possibly -128: widen to 16 bits and use madd, which
+ * cannot saturate (|pair sum| <= 2^15). */
+static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a)
+{
+	const struct eng_block_q8_0 *x = w;
+	const struct eng_block_q8_0 *y = a;
+	__m256 acc = _mm256_setzero_ps();
+
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		const __m256i qx = _mm256_loadu_si256((const void *)x[ib].qs);
+		const __m256i qy = _mm256_loadu_si256((const void *)y[ib].qs);
+		const __m256i xl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qx));
+		const __m256i xh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qx, 1));
+		const __m256i yl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qy));
+		const __m256i yh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qy, 1));
+		const __m256i p32 = _mm256_add_epi32(_mm256_madd_epi16(xl, yl),
+						     _mm256_madd_epi16(xh, yh));
+		const __m256 d = _mm256_set1_ps(fp16(x[ib].d) * fp16(y[ib].d));
+
+		acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p32), acc);
+	}
+	*out = hsum_f32x8(acc);
+}
+
+/*
+ * Round to nearest, ties to even (nearbyintf in the reference) on 8 lanes.
+ * NaN becomes 0 and the result saturates to [-128, 127], as sat_i8() in the
+ * reference does; the int32 conversion is then exact.
+ */
+static inline __m256i round_sat_i32(__m256 v)
+{
+	__m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+
+	r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+	r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-128.0f)), _mm256_set1_ps(127.0f));
+	return _mm256_cvttps_epi32(r);
+}
+
+static void q8_0_from_float(const float *src, void *dst, size_t n)
+{
+	struct eng_block_q8_0 *y = dst;
+
+	for (size_t i = 0; i < n / ENG_QK8_0; i++) {
+		const float *x = src + i * ENG_QK8_0;
+		__m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+		__m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+		const __m256 m = _mm256_max_ps(_mm256_max_ps(abs_ps(v0), abs_ps(v1)),
+					       _mm256_max_ps(abs_ps(v2), abs_ps(v3)));
+		const float amax = hmax_f32x8(m);
+		/* the same scalar arithmetic as the reference */
+		const float d = amax / 127.0f;
+		const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+		const __m256 vid = _mm256_set1_ps(id);
+
+		y[i].d = eng_fp32_to_fp16(d);
+		_mm256_storeu_si256((void *)y[i].qs,
+				    pack_i32x32_i8(round_sat_i32(_mm256_mul_ps(v0, vid)),
+						   round_sat_i32(_mm256_mul_ps(v1, vid)),
+						   round_sat_i32(_mm256_mul_ps(v2, vid)),
+						   round_sat_i32(_mm256_mul_ps(v3, vid))));
+	}
+}
+
+/* ---- Q8_K ------------------------------------------------------------- */
+
+/* ggml's nearest_int on 8 lanes, then clamped to [-128, 127]. */
+static inline __m256i nearest_sat_i32(__m256 v)
+{
+	__asm__("" : "+x"(v)); /* no FMA with the add below, as above */
+	const __m256 t = _mm256_add_ps(v, _mm256_set1_ps(12582912.0f));
+	__m256i i = _mm256_and_si256(_mm256_castps_si256(t), _mm256_set1_epi32(0x007fffff));
+
+	i = _mm256_sub_epi32(i, _mm256_set1_epi32(0x00400000));
+	return _mm256_max_epi32(_mm256_min_epi32(i, _mm256_set1_epi32(127)),
+				_mm256_set1_epi32(-128));
+}
+
+static void q8_k_from_float(const float *src, void *dst, size_t n)
+{
+	struct eng_block_q8_k *y = dst;
+	const __m256 sign = _mm256_set1_ps(-0.0f);
+
+	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+		const float *x = src + i * ENG_QK_K;
+		__m256 vmax = _mm256_setzero_ps();
+		float amax, max = 0.0f;
+
+		/* max_ps returns its second operand if either is NaN, so a NaN
+		 * input is skipped as the reference's "ax > amax" skips it. */
+		for (int j = 0; j < ENG_QK_K; j += 8)
+			vmax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), vmax);
+		amax = hmax_f32x8(vmax);
+		if (!amax) {
+			memset(&y[i], 0, sizeof(y[i]));
+			continue;
+		}
+		/* The sign of the scale comes from the first element of that
+		 * magnitude, as in the reference. */
+		const __m256 vamax = _mm256_set1_ps(amax);
+		for (int j = 0; j < ENG_QK_K; j += 8) {
+			const __m256 ax = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j));
+			const int mask = _mm256_movemask_ps(_mm256_cmp_ps(ax, vamax, _CMP_EQ_OQ));
+
+			if (mask) {
+				max = x[j + __builtin_ctz((unsigned)mask)];
+				break;
+			}
+		}
+		const float iscale = -127.0f / max;
+		const __m256 vis = _mm256_set1_ps(iscale);
+		const __m256i bias = _mm256_set1_epi8((char)0x80);
+		uint64_t s[4];
+
+		for (int j = 0; j < ENG_QK_K; j += 32) {
+			const __m256i q = pack_i32x32_i8(
+				nearest_sat_i32(_mm256_mul_ps(vis, _mm256_loadu_ps(x + j))),
+				nearest_sat_i32(_mm256_mul_ps(vis, _mm256_loadu_ps(x + j + 8))),
+				nearest_sat_i32(_mm256_mul_ps(vis, _mm256_loadu_ps(x + j + 16))),
+				nearest_sat_i32(_mm256_mul_ps(vis, _mm256_loadu_ps(x + j + 24))));
+
+			_mm256_storeu_si256((void *)(y[i].qs + j), q);
+			/* Group sums: bias to unsigned, let sad_epu8 add each 8
+			 * bytes, take the bias (8 * 128 per 8) back out. */
+			_mm256_storeu_si256((void *)s,
+					    _mm256_sad_epu8(_mm256_xor_si256(q, bias),
+							    _mm256_setzero_si256()));
+			y[i].bsums[j / 16] = (int16_t)((int)(s[0] + s[1]) - 2048);
+			y[i].bsums[j / 16 + 1] = (int16_t)((int)(s[2] + s[3]) - 2048);
+		}
+		y[i].d = 1.0f / iscale;
+	}
+}
+
+/* ---- Q4_K, Q5_K ------------------------------------------------------- */
+
+/* The 6-bit scales and mins (see quant_ref.c's k4_scale_min). */
+static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
+{
+	for (int j = 0; j < 4; j++) {
+		sc[j] = q[j] & 63;
+		mn[j] = q[j + 4] & 63;
+		sc[j + 4] = (uint8_t)((q[j + 8] & 0x0f) | ((q[j] >> 6) << 4));
+		mn[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+	}
+}
+
+/*
+ * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
+ * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
+ * no saturation), then madd with the sub-block scale into int32 lanes.  The
+ * mins term is 16 scalar multiply-adds on bsums.
+ */
+static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a, bool five)
+{
+	const struct eng_block_q4_k *x4 = w;
+	const struct eng_block_q5_k *x5 = w;
+	const struct eng_block_q8_k *y = a;
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	const __m256i sixteen = _mm256_set1_epi8(16);
+	__m256 acc = _mm256_setzero_ps();
+	float accm = 0.0f;
+
+	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+		const uint8_t *qs = five ? x5[i].qs : x4[i].qs;
+		const uint8_t *scales = five ? x5[i].scales : x4[i].scales;
+		const float d = y[i].d * fp16(five ? x5[i].d : x4[i].d);
+		const float dmin = y[i].d * fp16(five ? x5[i].dmin : x4[i].dmin);
+		const int8_t *q8 = y[i].qs;
+		__m256i hbits = _mm256_setzero_si256();
+		__m256i sumi = _mm256_setzero_si256();
+		uint8_t sc[8], mn[8];
+		int summ = 0;
+
+		k4_unpack(scales, sc, mn);
+		for (int j = 0; j < ENG_QK_K / 16; j++)
+			summ += y[i].bsums[j] * mn[j / 2];
+		if (five)
+			hbits = _mm256_loadu_si256((const void *)x5[i].qh);
+
+		for (int j = 0; j < ENG_QK_K / 64; j++) {
+			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
+			__m256i ql = _mm256_and_si256(bits, m4);
+			__m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+
+			if (five) {
+				const __m256i bl = _mm256_set1_epi8((char)(1u << (2 * j)));
+				const __m256i bh = _mm256_set1_epi8((char)(1u << (2 * j + 1)));
+
+				ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_cmpeq_epi8(
+					_mm256_and_si256(hbits, bl), bl), sixteen));
+				qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_cmpeq_epi8(
+					_mm256_and_si256(hbits, bh), bh), sixteen));
+			}
+			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
+			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
+			const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, yl),
+							     _mm256_set1_epi16(sc[2 * j]));
+			const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, yh),
+							     _mm256_set1_epi16(sc[2 * j + 1]));
+
+			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+		accm += dmin * (float)summ;
+	}
+	*out = hsum_f32x8(acc) - accm;
+}
+
+static void vec_dot_q4_k_q8_k(size_t n, float *out, const void *w, const void *a)
+{
+	dot_q45_k(n, out, w, a, false);
+}
+
+static void vec_dot_q5_k_q8_k(size_t n, float *out, const void *w, const void *a)
+{
+	dot_q45_k(n, out, w, a, true);
+}
+
+/* ---- Q6_K ------------------------------------------------------------- */
+
+/*
+ * Unsigned 6-bit q times y minus 32 * y, in 16 bits (|pair| <= 2^13), then
+ * madd with the signed scales: the low 128-bit lane of each 32 activations
+ * holds elements 0-15 (scale 2k), the high lane 16-31 (scale 2k+1).
+ */
+static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a)
+{
+	const struct eng_block_q6_k *x = w;
+	const struct eng_block_q8_k *y = a;
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	const __m256i m2 = _mm256_set1_epi8(0x03);
+	const __m256i m32 = _mm256_set1_epi8(32);
+	__m256 acc = _mm256_setzero_ps();
+
+	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+		const float d = y[i].d * fp16(x[i].d);
+		__m256i sumi = _mm256_setzero_si256();
+
+		for (int h = 0; h < ENG_QK_K / 128; h++) {
+			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
+			const int8_t *sc = x[i].scales + 8 * h;
+			const int8_t *q8 = y[i].qs + 128 * h;
+			const __m256i b1 = _mm256_loadu_si256((const void *)ql);
+			const __m256i b2 = _mm256_loadu_si256((const void *)(ql + 32));
+			const __m256i bh = _mm256_loadu_si256((const void *)qhp);
+			__m256i q[4];
+
+			/* (bh >> s) & 3 never takes bits from the next byte */
+			q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
+					       _mm256_slli_epi16(_mm256_and_si256(bh, m2), 4));
+			q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4),
+					       _mm256_slli_epi16(_mm256_and_si256(
+						       _mm256_srli_epi16(bh, 2), m2), 4));
+			q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+					       _mm256_slli_epi16(_mm256_and_si256(
+						       _mm256_srli_epi16(bh, 4), m2), 4));
+			q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+					       _mm256_slli_epi16(_mm256_and_si256(
+						       _mm256_srli_epi16(bh, 6), m2), 4));
+			for (int k = 0; k < 4; k++) {
+				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
+				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk),
+								     _mm256_maddubs_epi16(m32, yk));
+				const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]),
+								   _mm_set1_epi16(sc[2 * k]));
+
+				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, s));
+			}
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	*out = hsum_f32x8(acc);
+}
+
+/* ---- the table -------------------------------------------------------- */
+
+static pthread_once_t avx2_once = PTHREAD_ONCE_INIT;
+static struct eng_kernels avx2;
+static bool avx2_ok;
+
+BASELINE static void avx2_init(void)
+{
+	avx2_ok = cpu_has_avx2();
+	if (!avx2_ok)
+		return;
+	avx2 = *eng_kernels_ref();
+	avx2.isa = "avx2";
+	avx2.to_float[ENG_TYPE_F16] = f16_to_float;
+	avx2.from_float[ENG_TYPE_Q8_0] = q8_0_from_float;
+	avx2.from_float[ENG_TYPE_F16] = f16_from_float;
+	avx2.from_float[ENG_TYPE_Q8_K] = q8_k_from_float;
+	avx2.vec_dot[ENG_TYPE_F32] = vec_dot_f32;
+	avx2.vec_dot[ENG_TYPE_F16] = vec_dot_f16;
+	avx2.vec_dot[ENG_TYPE_BF16] = vec_dot_bf16;
+	avx2.vec_dot[ENG_TYPE_Q4_0] = vec_dot_q4_0_q8_0;
+	avx2.vec_dot[ENG_TYPE_Q8_0] = vec_dot_q8_0_q8_0;
+	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k;
+	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k;
+	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k;
+}
+
+BASELINE const struct eng_kernels *eng_kernels_avx2(void)
+{
+	pthread_once(&avx2_once, avx2_init);
+	return avx2_ok ? &avx2 : NULL;
+}
