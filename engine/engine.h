@@ -1,0 +1,123 @@
+/*
+ * engine.h - the strata inference engine: load a GGUF model from a mapped
+ * byte range and run it.
+ *
+ * The one narrow interface to the weights is (base, size) of the whole file:
+ * the engine computes straight from that region and never copies or repacks a
+ * weight, so the memory it holds is exactly the pages it touches.  Whether the
+ * region came from mmap(2) (eng_map_file) or from the strata pager is none of
+ * the engine's business.
+ *
+ * Objects:
+ *   struct eng_model  the validated view of one file: hyper-parameters,
+ *                     per-layer tensor pointers, tokenizer.  Immutable.
+ *   struct eng_ctx    one inference stream over a model: KV cache (f16,
+ *                     preallocated for n_ctx), activation buffers, threads.
+ */
+#ifndef STRATA_ENGINE_H
+#define STRATA_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct eng_model;
+struct eng_ctx;
+struct eng_tokenizer;
+
+enum eng_arch {
+	ENG_ARCH_LLAMA,
+	ENG_ARCH_QWEN2,
+};
+
+enum eng_rope_kind {
+	ENG_ROPE_NORM, /* rotate pairs (x[2i], x[2i+1]): llama */
+	ENG_ROPE_NEOX, /* rotate pairs (x[i], x[i + n_rot/2]): qwen2 */
+};
+
+struct eng_hparams {
+	enum eng_arch arch;
+	const char *arch_name;
+	uint32_t n_vocab;
+	uint32_t n_ctx_train;
+	uint32_t n_embd;
+	uint32_t n_layer;
+	uint32_t n_ff;
+	uint32_t n_head;
+	uint32_t n_head_kv;
+	uint32_t head_dim;
+	uint32_t n_rot;
+	float rope_base;
+	float rope_freq_scale; /* 1 / linear scaling factor */
+	enum eng_rope_kind rope_kind;
+	float norm_eps;
+	bool tied_output;
+	uint64_t file_bytes;
+	uint64_t weight_bytes;  /* sum of all tensor sizes */
+	char name[128];         /* general.name, for messages */
+};
+
+/* A byte extent of the file the engine will read for one unit of work. */
+struct eng_extent {
+	uint64_t offset;
+	uint64_t size;
+};
+
+/*
+ * Load a model from the image of a GGUF file.  On failure returns -EINVAL
+ * (malformed), -ENOTSUP (architecture, type or feature not supported) or
+ * -ENOMEM, with a one-line reason in err.  The image must outlive the model.
+ */
+int eng_model_load(const void *base, size_t size, struct eng_model **out, char *err,
+		   size_t errlen);
+/* Load only the tokenizer (vocabulary-only GGUF files work): for tokenize.
+ * The returned model cannot create a context. */
+int eng_model_load_vocab(const void *base, size_t size, struct eng_model **out, char *err,
+			 size_t errlen);
+void eng_model_destroy(struct eng_model *m);
+const struct eng_hparams *eng_model_hparams(const struct eng_model *m);
+const struct eng_tokenizer *eng_model_tokenizer(const struct eng_model *m);
+
+struct eng_ctx_config {
+	uint32_t n_ctx;     /* 0: min(n_ctx_train, 4096) */
+	uint32_t n_threads; /* 0: number of CPUs this process may use */
+	uint32_t n_batch;   /* tokens per forward pass; 0: 64 */
+};
+
+int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
+		   struct eng_ctx **out, char *err, size_t errlen);
+void eng_ctx_destroy(struct eng_ctx *c);
+/* Bytes of memory the context allocated (KV cache and buffers). */
+uint64_t eng_ctx_bytes(const struct eng_ctx *c);
+uint32_t eng_ctx_n_ctx(const struct eng_ctx *c);
+uint32_t eng_ctx_n_past(const struct eng_ctx *c);
+void eng_ctx_reset(struct eng_ctx *c);
+
+/*
+ * Feed n tokens at the next positions.  logits, if not NULL, receives n_vocab
+ * floats for every token fed (all_logits) or for the last one only.  Returns
+ * 0, -EINVAL for a token id out of range, or -ENOSPC when the context is full.
+ */
+int eng_decode(struct eng_ctx *c, const int32_t *tokens, size_t n, float *logits,
+	       bool all_logits);
+
+/* Sampling. */
+struct eng_sampler_config {
+	float temp;    /* <= 0: greedy */
+	int32_t top_k; /* <= 0: off */
+	float top_p;   /* >= 1: off */
+	float min_p;   /* <= 0: off */
+	uint64_t seed;
+};
+struct eng_sampler;
+int eng_sampler_create(const struct eng_sampler_config *cfg, uint32_t n_vocab,
+		       struct eng_sampler **out);
+void eng_sampler_destroy(struct eng_sampler *s);
+int32_t eng_sample(struct eng_sampler *s, const float *logits);
+int32_t eng_argmax(const float *logits, uint32_t n);
+
+/* Map a file read-only (MAP_SHARED); 0 or -errno. */
+int eng_map_file(const char *path, const void **base, size_t *size);
+void eng_unmap_file(const void *base, size_t size);
+
+#endif

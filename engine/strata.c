@@ -1,0 +1,718 @@
+/*
+ * strata.c - the `strata` command: run, eval, tokenize, bench.
+ *
+ * The command line is a stable interface that scripts and later issues use.
+ * Messages go to stderr and start with "strata: "; exit status is 0 on
+ * success, 1 for a usage error, 2 for a bad model or bad input.
+ *
+ * The weights reach the engine as (base, size) of the whole file, from
+ * open_weights(): a plain mmap, or, with --pager SOCKET (or $STRATA_PAGER),
+ * the pager's mapping.  Nothing else in the engine knows the difference.
+ */
+#include "engine.h"
+#include "pager.h"
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_USAGE 1
+#define EXIT_BAD_INPUT 2
+
+static void __attribute__((format(printf, 1, 2))) msg(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("strata: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+static const char usage_text[] =
+	"usage: strata COMMAND [options]\n"
+	"\n"
+	"  run      -m MODEL [-p PROMPT | -f FILE] [-n N] [-t THREADS] [-c CTX]\n"
+	"           [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+	"  eval     -m MODEL --tokens ID,ID,... --logits-out FILE [-t THREADS] [-c CTX]\n"
+	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
+	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [--json]\n"
+	"\n"
+	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
+	"model through a running stratad instead of mmap.\n"
+	"Exit status: 0 ok, 1 usage error, 2 bad model or input.\n";
+
+static int usage(const char *why)
+{
+	if (why)
+		msg("%s", why);
+	fputs(usage_text, stderr);
+	return EXIT_USAGE;
+}
+
+/* Options shared by every command; each command uses what it needs. */
+struct opts {
+	const char *model;
+	const char *prompt;
+	const char *prompt_file;
+	const char *text;
+	const char *tokens;
+	const char *logits_out;
+	const char *pager;
+	long n_predict;
+	long n_prompt;
+	unsigned threads;
+	unsigned ctx;
+	bool no_bos;
+	bool json;
+	struct eng_sampler_config samp;
+	bool seen_n, seen_p;
+};
+
+enum {
+	OPT_TEMP = 256,
+	OPT_TOP_K,
+	OPT_TOP_P,
+	OPT_MIN_P,
+	OPT_SEED,
+	OPT_TOKENS,
+	OPT_LOGITS_OUT,
+	OPT_NO_BOS,
+	OPT_TEXT,
+	OPT_JSON,
+	OPT_PAGER,
+};
+
+static bool parse_long(const char *s, long lo, long hi, long *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return false;
+	*out = v;
+	return true;
+}
+
+static bool parse_float(const char *s, float lo, float hi, float *out)
+{
+	char *end;
+	float v;
+
+	errno = 0;
+	v = strtof(s, &end);
+	if (errno || end == s || *end || !(v >= lo && v <= hi))
+		return false;
+	*out = v;
+	return true;
+}
+
+/* Returns 0, or EXIT_USAGE after printing why. */
+static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
+{
+	static const struct option lo[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "prompt", required_argument, NULL, 'p' },
+		{ "file", required_argument, NULL, 'f' },
+		{ "n-predict", required_argument, NULL, 'n' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "ctx-size", required_argument, NULL, 'c' },
+		{ "temp", required_argument, NULL, OPT_TEMP },
+		{ "top-k", required_argument, NULL, OPT_TOP_K },
+		{ "top-p", required_argument, NULL, OPT_TOP_P },
+		{ "min-p", required_argument, NULL, OPT_MIN_P },
+		{ "seed", required_argument, NULL, OPT_SEED },
+		{ "tokens", required_argument, NULL, OPT_TOKENS },
+		{ "logits-out", required_argument, NULL, OPT_LOGITS_OUT },
+		{ "no-bos", no_argument, NULL, OPT_NO_BOS },
+		{ "text", required_argument, NULL, OPT_TEXT },
+		{ "json", no_argument, NULL, OPT_JSON },
+		{ "pager", required_argument, NULL, OPT_PAGER },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	bool is_bench = strcmp(cmd, "bench") == 0;
+	char why[256];
+	long v;
+	int c;
+
+	memset(o, 0, sizeof(*o));
+	o->n_predict = 128;
+	o->pager = getenv("STRATA_PAGER");
+	if (o->pager && !*o->pager)
+		o->pager = NULL;
+	o->samp = (struct eng_sampler_config){ .temp = 0.8f, .top_k = 40, .top_p = 0.95f,
+					       .min_p = 0.05f, .seed = (uint64_t)time(NULL) };
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:h", lo, NULL)) != -1) {
+		switch (c) {
+		case 'm':
+			o->model = optarg;
+			break;
+		case 'p':
+			if (is_bench) {
+				if (!parse_long(optarg, 0, 1 << 20, &o->n_prompt))
+					goto bad;
+				o->seen_p = true;
+			} else {
+				o->prompt = optarg;
+			}
+			break;
+		case 'f':
+			o->prompt_file = optarg;
+			break;
+		case 'n':
+			if (!parse_long(optarg, 0, 1 << 24, &o->n_predict))
+				goto bad;
+			o->seen_n = true;
+			break;
+		case 't':
+			if (!parse_long(optarg, 1, 1024, &v))
+				goto bad;
+			o->threads = (unsigned)v;
+			break;
+		case 'c':
+			if (!parse_long(optarg, 1, 1 << 20, &v))
+				goto bad;
+			o->ctx = (unsigned)v;
+			break;
+		case OPT_TEMP:
+			if (!parse_float(optarg, 0, 100, &o->samp.temp))
+				goto bad;
+			break;
+		case OPT_TOP_K:
+			if (!parse_long(optarg, 0, INT32_MAX, &v))
+				goto bad;
+			o->samp.top_k = (int32_t)v;
+			break;
+		case OPT_TOP_P:
+			if (!parse_float(optarg, 0, 1, &o->samp.top_p))
+				goto bad;
+			break;
+		case OPT_MIN_P:
+			if (!parse_float(optarg, 0, 1, &o->samp.min_p))
+				goto bad;
+			break;
+		case OPT_SEED:
+			if (!parse_long(optarg, 0, LONG_MAX, &v))
+				goto bad;
+			o->samp.seed = (uint64_t)v;
+			break;
+		case OPT_TOKENS:
+			o->tokens = optarg;
+			break;
+		case OPT_LOGITS_OUT:
+			o->logits_out = optarg;
+			break;
+		case OPT_NO_BOS:
+			o->no_bos = true;
+			break;
+		case OPT_TEXT:
+			o->text = optarg;
+			break;
+		case OPT_JSON:
+			o->json = true;
+			break;
+		case OPT_PAGER:
+			o->pager = optarg;
+			break;
+		case 'h':
+			fputs(usage_text, stdout);
+			exit(0);
+		case ':':
+			snprintf(why, sizeof(why), "%s: option '%s' needs a value", cmd,
+				 argv[optind - 1]);
+			return usage(why);
+		default:
+			snprintf(why, sizeof(why), "%s: unknown option '%s'", cmd, argv[optind - 1]);
+			return usage(why);
+		}
+	}
+	if (optind < argc) {
+		snprintf(why, sizeof(why), "%s: unexpected argument '%s'", cmd, argv[optind]);
+		return usage(why);
+	}
+	if (!o->model) {
+		snprintf(why, sizeof(why), "%s: -m MODEL is required", cmd);
+		return usage(why);
+	}
+	return 0;
+bad:
+	snprintf(why, sizeof(why), "%s: invalid value '%s' for option '%s'", cmd, optarg,
+		 argv[optind - 1]);
+	return usage(why);
+}
+
+/* The loaded model and where its bytes live. */
+struct session {
+	const void *base;
+	size_t size;
+	struct pager_client *pc; /* when the pager maps the model */
+	struct eng_model *model;
+	struct eng_ctx *ctx;
+	const struct eng_hparams *hp;
+	const struct eng_tokenizer *tok;
+};
+
+static int session_open(struct session *s, const struct opts *o, bool want_ctx)
+{
+	char err[256];
+	int rc;
+
+	memset(s, 0, sizeof(*s));
+	if (o->pager && want_ctx) {
+		/* The engine's own memory (KV cache, buffers) is known only
+		 * once the header is read through the mapping: it is declared
+		 * to the daemon after the context exists. */
+		struct pager_client_config pcfg = {
+			.socket_path = o->pager,
+			.model = o->model,
+			.declared_bytes = 0,
+		};
+
+		rc = pager_client_open(&pcfg, &s->pc, &s->base, &s->size, err, sizeof(err));
+		if (rc) {
+			msg("%s: %s", o->model, err);
+			return EXIT_BAD_INPUT;
+		}
+	} else {
+		rc = eng_map_file(o->model, &s->base, &s->size);
+		if (rc) {
+			msg("%s: cannot map the model: %s", o->model, strerror(-rc));
+			return EXIT_BAD_INPUT;
+		}
+	}
+	rc = want_ctx ? eng_model_load(s->base, s->size, &s->model, err, sizeof(err))
+		      : eng_model_load_vocab(s->base, s->size, &s->model, err, sizeof(err));
+	if (rc) {
+		msg("%s: %s", o->model, err);
+		return EXIT_BAD_INPUT;
+	}
+	s->hp = eng_model_hparams(s->model);
+	s->tok = eng_model_tokenizer(s->model);
+	if (!want_ctx)
+		return 0;
+	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads };
+	rc = eng_ctx_create(s->model, &cc, &s->ctx, err, sizeof(err));
+	if (rc) {
+		msg("%s: %s", o->model, err);
+		return EXIT_BAD_INPUT;
+	}
+	if (s->pc && pager_client_declare(s->pc, eng_ctx_bytes(s->ctx))) {
+		msg("%s: cannot talk to the pager", o->model);
+		return EXIT_BAD_INPUT;
+	}
+	return 0;
+}
+
+static void session_close(struct session *s)
+{
+	eng_ctx_destroy(s->ctx);
+	eng_model_destroy(s->model);
+	if (s->pc)
+		pager_client_close(s->pc);
+	else
+		eng_unmap_file(s->base, s->size);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t peak_rss_bytes(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+/* Read all of a stream into a NUL-terminated buffer. */
+static char *read_all(FILE *f, size_t *len)
+{
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap);
+
+	while (buf) {
+		size_t got = fread(buf + n, 1, cap - n - 1, f);
+
+		n += got;
+		if (got == 0)
+			break;
+		if (cap - n - 1 == 0) {
+			char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+
+			if (!nb) {
+				free(buf);
+				return NULL;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+	}
+	if (!buf || ferror(f)) {
+		free(buf);
+		return NULL;
+	}
+	buf[n] = '\0';
+	*len = n;
+	return buf;
+}
+
+static void print_piece(const struct eng_tokenizer *tok, int32_t id)
+{
+	char buf[256];
+	int n = eng_token_to_piece(tok, id, buf, sizeof(buf));
+
+	if (n > 0)
+		fwrite(buf, 1, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf), stdout);
+}
+
+static int cmd_run(int argc, char **argv)
+{
+	struct opts o;
+	struct session s;
+	struct eng_sampler *sm = NULL;
+	char *text = NULL;
+	size_t text_len = 0;
+	int32_t *ids = NULL;
+	size_t n_ids = 0;
+	float *logits = NULL;
+	int rc = parse_opts(argc, argv, "run", &o);
+	double t0, t1, t2;
+	long generated = 0;
+
+	if (rc)
+		return rc;
+	if (o.prompt && o.prompt_file)
+		return usage("run: give -p or -f, not both");
+	if (o.prompt_file) {
+		FILE *f = fopen(o.prompt_file, "rb");
+
+		if (!f) {
+			msg("%s: %s", o.prompt_file, strerror(errno));
+			return EXIT_BAD_INPUT;
+		}
+		text = read_all(f, &text_len);
+		fclose(f);
+		if (!text) {
+			msg("%s: cannot read the prompt", o.prompt_file);
+			return EXIT_BAD_INPUT;
+		}
+	} else {
+		text = strdup(o.prompt ? o.prompt : "");
+		text_len = strlen(text);
+	}
+	rc = session_open(&s, &o, true);
+	if (rc)
+		goto out;
+	if (eng_tokenize(s.tok, text, text_len, true, &ids, &n_ids) || n_ids == 0) {
+		msg("%s: the prompt gives no tokens to start from", o.model);
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	if (n_ids >= eng_ctx_n_ctx(s.ctx)) {
+		msg("prompt of %zu tokens does not fit the context of %u", n_ids,
+		    eng_ctx_n_ctx(s.ctx));
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	logits = malloc((size_t)s.hp->n_vocab * sizeof(float));
+	if (!logits || eng_sampler_create(&o.samp, s.hp->n_vocab, &sm)) {
+		msg("out of memory");
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	t0 = now_s();
+	if (eng_decode(s.ctx, ids, n_ids, logits, false)) {
+		msg("%s: prompt evaluation failed", o.model);
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	t1 = now_s();
+	while (generated < o.n_predict) {
+		int32_t next = eng_sample(sm, logits);
+
+		if (eng_tokenizer_is_eog(s.tok, next))
+			break;
+		print_piece(s.tok, next);
+		fflush(stdout);
+		generated++;
+		if (generated == o.n_predict)
+			break;
+		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx)) {
+			msg("context of %u tokens is full", eng_ctx_n_ctx(s.ctx));
+			break;
+		}
+		if (eng_decode(s.ctx, &next, 1, logits, false)) {
+			msg("%s: decoding failed", o.model);
+			rc = EXIT_BAD_INPUT;
+			goto out;
+		}
+	}
+	t2 = now_s();
+	/* End the line for a person; keep piped output exactly the text. */
+	if (isatty(STDOUT_FILENO))
+		fputc('\n', stdout);
+	fflush(stdout);
+	fprintf(stderr,
+		"strata: prompt %zu tokens in %.3f s (%.2f tok/s), generated %ld tokens in %.3f s "
+		"(%.2f tok/s), peak RSS %.1f MiB\n",
+		n_ids, t1 - t0, n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), generated, t2 - t1,
+		generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9), peak_rss_bytes() / 1048576.0);
+out:
+	free(logits);
+	free(ids);
+	free(text);
+	eng_sampler_destroy(sm);
+	session_close(&s);
+	return rc;
+}
+
+/* "1,2,3" -> ids; every id must be an integer in [0, n_vocab). */
+static int parse_token_list(const char *list, uint32_t n_vocab, int32_t **ids, size_t *n)
+{
+	size_t cap = 1;
+	const char *p;
+	int32_t *v;
+
+	for (p = list; *p; p++)
+		cap += *p == ',';
+	v = calloc(cap, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	*n = 0;
+	p = list;
+	for (;;) {
+		char *end;
+		long x;
+
+		errno = 0;
+		x = strtol(p, &end, 10);
+		if (end == p || errno || x < 0 || x >= (long)n_vocab ||
+		    (*end != ',' && *end != '\0')) {
+			msg("--tokens: '%.*s' is not a token id below %u", (int)strcspn(p, ","), p,
+			    n_vocab);
+			free(v);
+			return -EINVAL;
+		}
+		v[(*n)++] = (int32_t)x;
+		if (*end == '\0')
+			break;
+		p = end + 1;
+	}
+	*ids = v;
+	return 0;
+}
+
+static int cmd_eval(int argc, char **argv)
+{
+	struct opts o;
+	struct session s;
+	int32_t *ids = NULL;
+	size_t n = 0;
+	float *logits = NULL;
+	FILE *f = NULL;
+	int rc = parse_opts(argc, argv, "eval", &o);
+
+	if (rc)
+		return rc;
+	if (!o.tokens || !o.logits_out)
+		return usage("eval: --tokens and --logits-out are required");
+	rc = session_open(&s, &o, true);
+	if (rc)
+		goto out;
+	if (parse_token_list(o.tokens, s.hp->n_vocab, &ids, &n)) {
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	if (n > eng_ctx_n_ctx(s.ctx)) {
+		msg("%zu tokens do not fit the context of %u (use -c)", n, eng_ctx_n_ctx(s.ctx));
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	logits = malloc(n * (size_t)s.hp->n_vocab * sizeof(float));
+	if (!logits) {
+		msg("out of memory");
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	if (eng_decode(s.ctx, ids, n, logits, true)) {
+		msg("%s: evaluation failed", o.model);
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	f = fopen(o.logits_out, "wb");
+	if (!f || fwrite(logits, sizeof(float) * s.hp->n_vocab, n, f) != n || fclose(f)) {
+		msg("%s: cannot write logits: %s", o.logits_out, strerror(errno));
+		f = NULL;
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	f = NULL;
+out:
+	if (f)
+		fclose(f);
+	free(logits);
+	free(ids);
+	session_close(&s);
+	return rc;
+}
+
+static int cmd_tokenize(int argc, char **argv)
+{
+	struct opts o;
+	struct session s;
+	char *text = NULL;
+	size_t len = 0;
+	int32_t *ids = NULL;
+	size_t n = 0;
+	int rc = parse_opts(argc, argv, "tokenize", &o);
+
+	if (rc)
+		return rc;
+	rc = session_open(&s, &o, false);
+	if (rc)
+		return rc;
+	if (o.text) {
+		text = strdup(o.text);
+		len = strlen(o.text);
+	} else {
+		text = read_all(stdin, &len);
+	}
+	if (!text) {
+		msg("cannot read the text");
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	if (eng_tokenize(s.tok, text, len, !o.no_bos, &ids, &n)) {
+		msg("tokenization failed");
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		printf(i ? " %" PRId32 : "%" PRId32, ids[i]);
+	printf("\n");
+out:
+	free(ids);
+	free(text);
+	session_close(&s);
+	return rc;
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+	struct opts o;
+	struct session s;
+	int32_t *ids = NULL;
+	float *logits = NULL;
+	double t0, t1, t2, pp_tps = 0, tg_tps = 0;
+	int rc = parse_opts(argc, argv, "bench", &o);
+
+	if (rc)
+		return rc;
+	if (!o.seen_p)
+		o.n_prompt = 64;
+	if (!o.seen_n)
+		o.n_predict = 32;
+	rc = session_open(&s, &o, true);
+	if (rc)
+		return rc;
+	if ((uint64_t)o.n_prompt + (uint64_t)o.n_predict > eng_ctx_n_ctx(s.ctx)) {
+		msg("bench: %ld + %ld tokens do not fit the context of %u (use -c)", o.n_prompt,
+		    o.n_predict, eng_ctx_n_ctx(s.ctx));
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	ids = calloc((size_t)o.n_prompt + 1, sizeof(*ids));
+	logits = malloc((size_t)s.hp->n_vocab * sizeof(float));
+	if (!ids || !logits) {
+		msg("out of memory");
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
+	/* A fixed pseudo-random prompt: same work every run. */
+	for (long i = 0; i < o.n_prompt; i++)
+		ids[i] = (int32_t)((uint64_t)(i + 1) * 2654435761u % s.hp->n_vocab);
+	t0 = now_s();
+	if (o.n_prompt && eng_decode(s.ctx, ids, (size_t)o.n_prompt, logits, false))
+		goto fail;
+	t1 = now_s();
+	int32_t next = o.n_prompt ? eng_argmax(logits, s.hp->n_vocab) : 0;
+	for (long i = 0; i < o.n_predict; i++) {
+		if (eng_decode(s.ctx, &next, 1, logits, false))
+			goto fail;
+		next = eng_argmax(logits, s.hp->n_vocab);
+	}
+	t2 = now_s();
+	if (o.n_prompt)
+		pp_tps = o.n_prompt / (t1 - t0);
+	if (o.n_predict)
+		tg_tps = o.n_predict / (t2 - t1);
+	if (o.json) {
+		printf("{\"model\": \"%s\", \"n_prompt\": %ld, \"n_decode\": %ld, \"threads\": %u, "
+		       "\"prompt_tps\": %.3f, \"decode_tps\": %.3f, \"peak_rss_bytes\": %" PRIu64
+		       ", \"model_bytes\": %" PRIu64 "}\n",
+		       s.hp->name, o.n_prompt, o.n_predict, o.threads, pp_tps, tg_tps,
+		       peak_rss_bytes(), s.hp->weight_bytes);
+	} else {
+		printf("model        %s (%s, %.1f MiB of weights)\n", o.model, s.hp->arch_name,
+		       s.hp->weight_bytes / 1048576.0);
+		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
+		printf("decode       %ld tokens  %.2f tok/s\n", o.n_predict, tg_tps);
+		printf("peak RSS     %.1f MiB\n", peak_rss_bytes() / 1048576.0);
+	}
+	goto out;
+fail:
+	msg("bench: evaluation failed");
+	rc = EXIT_BAD_INPUT;
+out:
+	free(ids);
+	free(logits);
+	session_close(&s);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		int (*fn)(int, char **);
+	} cmds[] = {
+		{ "run", cmd_run },
+		{ "eval", cmd_eval },
+		{ "tokenize", cmd_tokenize },
+		{ "bench", cmd_bench },
+	};
+
+	if (argc < 2)
+		return usage("no command given");
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+		fputs(usage_text, stdout);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+		if (!strcmp(argv[1], cmds[i].name))
+			return cmds[i].fn(argc - 1, argv + 1);
+	char why[128];
+	snprintf(why, sizeof(why), "unknown command '%.40s'", argv[1]);
+	return usage(why);
+}

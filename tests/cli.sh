@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The strata command line as users script it: the stories260K greedy
+# continuation, eval output size, tokenize, and exit codes/messages for usage
+# errors and bad models.
+set -uo pipefail
+S=${STRATA_BIN:?}
+F=${STRATA_FIXTURES:?}
+[ -d "$F/models" ] || { echo "SKIP: no fixtures at $F"; exit 77; }
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail=0
+check() { # name, condition result
+	if [ "$2" = 0 ]; then echo "ok $1"; else echo "FAIL $1"; fail=1; fi
+}
+
+# 1. The reference continuation of "Once upon a time", 48 tokens, greedy.
+want=$(sed -n 's/^<s> Once upon a time//p' "$F/ref/stories260K-once-upon-a-time.txt")
+got=$("$S" run -m "$F/models/stories260K.gguf" -p "Once upon a time" -n 48 --temp 0 2>"$T/err")
+[ "$got" = "$want" ]; r=$?
+check "run: stories260K continuation" $r
+[ $r = 0 ] || { echo "  want: [$want]"; echo "  got:  [$got]"; cat "$T/err"; }
+grep -q "^strata: prompt .* tok/s.*peak RSS" "$T/err"; check "run: timing on stderr" $?
+
+# 2. eval writes one float32 row of n_vocab per token.
+"$S" eval -m "$F/models/stories260K.gguf" --tokens 1,403,407,261 --logits-out "$T/l.bin"
+check "eval: exit 0" $?
+[ "$(stat -c %s "$T/l.bin")" = $((4 * 512 * 4)) ]; check "eval: 4 rows of 512 floats" $?
+
+# 3. tokenize matches the reference prompt tokens.
+got=$("$S" tokenize -m "$F/models/stories260K.gguf" --text "Once upon a time there was a little robot who")
+[ "$got" = "1 403 407 261 378 383 286 261 376 352 414 430 309 263 415 414" ]; check "tokenize: stories260K prompt" $?
+got=$(printf 'Once upon a time' | "$S" tokenize -m "$F/models/stories260K.gguf" --no-bos)
+[ "$got" = "403 407 261 378" ]; check "tokenize: stdin, --no-bos" $?
+
+# 4. Exit codes and one-line messages.
+expect() { # name, want-status, command...
+	local name=$1 want=$2; shift 2
+	"$@" >"$T/out" 2>"$T/err"; local st=$?
+	if [ $st = "$want" ] && grep -q '^strata: ' "$T/err"; then echo "ok $name"
+	else echo "FAIL $name (status $st, want $want)"; cat "$T/err"; fail=1; fi
+}
+expect "usage: no command" 1 "$S"
+expect "usage: unknown command" 1 "$S" frobnicate
+expect "usage: missing -m" 1 "$S" run -p hi
+expect "usage: bad -n" 1 "$S" run -m "$F/models/stories260K.gguf" -n lots
+expect "usage: unknown option" 1 "$S" bench -m "$F/models/stories260K.gguf" --bogus
+expect "bad model: missing file" 2 "$S" run -m "$T/nope.gguf" -p hi
+printf 'GGUF\3\0\0\0' >"$T/trunc.gguf"
+expect "bad model: truncated header" 2 "$S" run -m "$T/trunc.gguf" -p hi
+head -c 600000 "$F/models/stories260K.gguf" >"$T/half.gguf"
+expect "bad model: truncated data" 2 "$S" eval -m "$T/half.gguf" --tokens 1 --logits-out "$T/x"
+grep -q "half.gguf: truncated" "$T/err"; check "bad model: message names file and problem" $?
+expect "bad input: token out of range" 2 "$S" eval -m "$F/models/stories260K.gguf" --tokens 1,512 --logits-out "$T/x"
+expect "bad input: token not a number" 2 "$S" eval -m "$F/models/stories260K.gguf" --tokens 1,x --logits-out "$T/x"
+expect "bad input: refused vocabulary" 2 "$S" tokenize -m "$F/vocab/ggml-vocab-bert-bge.gguf" --text hi
+
+# 5. bench --json carries the fields scripts read.
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --json >"$T/b.json"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["prompt_tps"]>0 and d["decode_tps"]>0 and d["peak_rss_bytes"]>0' "$T/b.json"
+check "bench --json fields" $?
+exit $fail

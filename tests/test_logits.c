@@ -1,0 +1,303 @@
+/*
+ * test_logits.c - every fixture model against the reference engine's logits.
+ *
+ * For each fixtures/ref/NAME.json: feed prompt_tokens then greedy_tokens
+ * (teacher forcing) and compare every row of logits with NAME.logits.f16.
+ * A row passes when max |ours - ref| <= tol * sigma(ref row), tol being 0.02
+ * for float models and 0.15 for quantized ones; the argmax must agree on at
+ * least 95% of rows.  The rows are fed in batches and, separately, one token
+ * at a time: both must pass, and the two must agree with each other closely
+ * (batching only changes summation order).
+ *
+ * usage: test_logits [NAME ...]   (default: every model under ref/)
+ * STRATA_TEST_VERBOSE=1 prints every row's error.
+ */
+#include "engine.h"
+#include "quant.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long n;
+
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)n + 1);
+	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+		free(buf);
+		buf = NULL;
+	}
+	fclose(f);
+	if (buf) {
+		buf[n] = '\0';
+		if (len)
+			*len = (size_t)n;
+	}
+	return buf;
+}
+
+/* The fixture JSON is flat and machine-written: find "key": and read. */
+static const char *json_find(const char *js, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\"", key);
+	p = strstr(js, pat);
+	if (!p)
+		return NULL;
+	p = strchr(p + strlen(pat), ':');
+	return p ? p + 1 : NULL;
+}
+
+static long json_int(const char *js, const char *key)
+{
+	const char *p = json_find(js, key);
+
+	return p ? strtol(p, NULL, 10) : -1;
+}
+
+static void json_str(const char *js, const char *key, char *out, size_t outlen)
+{
+	const char *p = json_find(js, key);
+	const char *q;
+
+	out[0] = '\0';
+	if (!p || !(p = strchr(p, '"')) || !(q = strchr(p + 1, '"')))
+		return;
+	snprintf(out, outlen, "%.*s", (int)(q - p - 1), p + 1);
+}
+
+static size_t json_int_array(const char *js, const char *key, int32_t *out, size_t max)
+{
+	const char *p = json_find(js, key);
+	size_t n = 0;
+
+	if (!p || !(p = strchr(p, '[')))
+		return 0;
+	p++;
+	while (n < max) {
+		char *end;
+		long v = strtol(p, &end, 10);
+
+		if (end == p)
+			break;
+		out[n++] = (int32_t)v;
+		p = end;
+		while (*p == ',' || *p == ' ' || *p == '\n')
+			p++;
+		if (*p == ']')
+			break;
+	}
+	return n;
+}
+
+static bool is_float_model(const struct eng_hparams *hp, const char *name)
+{
+	(void)hp;
+	return strstr(name, "f16") || strstr(name, "f32") || strstr(name, "bf16") ||
+	       strstr(name, "stories260K");
+}
+
+/* Compare n_rows rows; returns number of failures and prints a summary. */
+static int compare(const char *label, const float *ours, const eng_fp16_t *ref, size_t rows,
+		   uint32_t n_vocab, double tol, const int32_t *greedy, size_t n_prompt)
+{
+	size_t argmax_same = 0;
+	double worst = 0;
+	size_t worst_row = 0;
+	int fails = 0;
+
+	for (size_t r = 0; r < rows; r++) {
+		const float *o = ours + r * n_vocab;
+		const eng_fp16_t *f = ref + r * n_vocab;
+		double mean = 0, var = 0, maxd = 0;
+		uint32_t am_ref = 0, am_ours = 0;
+
+		for (uint32_t i = 0; i < n_vocab; i++)
+			mean += eng_fp16_to_fp32(f[i]);
+		mean /= n_vocab;
+		for (uint32_t i = 0; i < n_vocab; i++) {
+			double rv = eng_fp16_to_fp32(f[i]), d = fabs(o[i] - rv);
+
+			var += (rv - mean) * (rv - mean);
+			if (!(d <= maxd))
+				maxd = d; /* NaN counts as the worst difference */
+			if (rv > eng_fp16_to_fp32(f[am_ref]))
+				am_ref = i;
+			if (o[i] > o[am_ours])
+				am_ours = i;
+		}
+		double sigma = sqrt(var / n_vocab), rel = maxd / sigma;
+
+		if (getenv("STRATA_TEST_VERBOSE"))
+			printf("    %s row %zu: %.4f sigma, argmax %u vs ref %u\n", label, r, rel,
+			       am_ours, am_ref);
+
+		if (!(rel <= worst) || isnan(rel)) {
+			worst = isnan(rel) ? INFINITY : rel;
+			worst_row = r;
+		}
+		if (!(rel <= tol)) {
+			if (fails < 3)
+				printf("  %s row %zu: max diff %.4f = %.3f sigma (limit %.2f)\n", label,
+				       r, maxd, rel, tol);
+			fails++;
+		}
+		argmax_same += am_ref == am_ours;
+		/* greedy_tokens[k] is the reference argmax of row n_prompt-1+k */
+		if (r + 1 >= n_prompt && r + 1 - n_prompt < 16 &&
+		    (int32_t)am_ref != greedy[r + 1 - n_prompt])
+			printf("  note: ref argmax of row %zu is %u, greedy token says %d\n", r, am_ref,
+			       greedy[r + 1 - n_prompt]);
+	}
+	printf("  %s: worst row %zu at %.4f sigma (limit %.2f), argmax agrees on %zu/%zu rows\n",
+	       label, worst_row, worst, tol, argmax_same, rows);
+	if (argmax_same * 100 < rows * 95) {
+		printf("  %s: argmax agreement below 95%%\n", label);
+		fails++;
+	}
+	return fails;
+}
+
+static int run_one(const char *fix, const char *name)
+{
+	char path[1024], model_file[256], logits_file[256];
+	char *js;
+	int32_t toks[4096], greedy[64];
+	size_t n_prompt, n_greedy, n_tok, ref_len = 0;
+	long n_vocab, rows;
+	const void *base;
+	size_t size;
+	struct eng_model *m = NULL;
+	struct eng_ctx *c = NULL;
+	char err[256];
+	eng_fp16_t *ref = NULL;
+	float *batch = NULL, *single = NULL;
+	int fails = 0;
+
+	snprintf(path, sizeof(path), "%s/ref/%s.json", fix, name);
+	js = slurp(path, NULL);
+	if (!js) {
+		printf("FAIL %s: cannot read %s\n", name, path);
+		return 1;
+	}
+	json_str(js, "model", model_file, sizeof(model_file));
+	json_str(js, "logits_file", logits_file, sizeof(logits_file));
+	n_vocab = json_int(js, "n_vocab");
+	rows = json_int(js, "rows");
+	n_prompt = json_int_array(js, "prompt_tokens", toks, 2048);
+	n_greedy = json_int_array(js, "greedy_tokens", greedy, 64);
+	for (size_t i = 0; i < n_greedy; i++)
+		toks[n_prompt + i] = greedy[i];
+	n_tok = n_prompt + n_greedy;
+	free(js);
+	if (n_vocab <= 0 || (size_t)rows != n_tok) {
+		printf("FAIL %s: reference JSON has %ld rows for %zu tokens\n", name, rows, n_tok);
+		return 1;
+	}
+
+	snprintf(path, sizeof(path), "%s/ref/%s", fix, logits_file);
+	ref = (eng_fp16_t *)slurp(path, &ref_len);
+	if (!ref || ref_len != (size_t)rows * n_vocab * 2) {
+		printf("FAIL %s: %s is missing or not %ld x %ld f16\n", name, path, rows, n_vocab);
+		fails++;
+		goto out;
+	}
+	snprintf(path, sizeof(path), "%s/models/%s", fix, model_file);
+	if (eng_map_file(path, &base, &size)) {
+		printf("FAIL %s: cannot map %s\n", name, path);
+		fails++;
+		goto out;
+	}
+	if (eng_model_load(base, size, &m, err, sizeof(err)) ||
+	    eng_ctx_create(m, &(struct eng_ctx_config){ .n_ctx = 256 }, &c, err, sizeof(err))) {
+		printf("FAIL %s: %s\n", name, err);
+		fails++;
+		goto out_unmap;
+	}
+	if (eng_model_hparams(m)->n_vocab != (uint32_t)n_vocab) {
+		printf("FAIL %s: model has %u tokens, reference %ld\n", name,
+		       eng_model_hparams(m)->n_vocab, n_vocab);
+		fails++;
+		goto out_unmap;
+	}
+	batch = malloc(n_tok * n_vocab * sizeof(float));
+	single = malloc(n_tok * n_vocab * sizeof(float));
+	if (!batch || !single || eng_decode(c, toks, n_tok, batch, true)) {
+		printf("FAIL %s: batched decode failed\n", name);
+		fails++;
+		goto out_unmap;
+	}
+	eng_ctx_reset(c);
+	for (size_t i = 0; i < n_tok; i++) {
+		if (eng_decode(c, &toks[i], 1, single + i * n_vocab, false)) {
+			printf("FAIL %s: decode of token %zu failed\n", name, i);
+			fails++;
+			goto out_unmap;
+		}
+	}
+	double tol = is_float_model(eng_model_hparams(m), name) ? 0.02 : 0.15;
+	printf("%s (%s, %zu rows, tol %.2f sigma):\n", name, eng_model_hparams(m)->arch_name, n_tok,
+	       tol);
+	fails += compare("batched", batch, ref, n_tok, (uint32_t)n_vocab, tol, greedy, n_prompt);
+	fails += compare("one at a time", single, ref, n_tok, (uint32_t)n_vocab, tol, greedy,
+			 n_prompt);
+	printf("%s %s\n", fails ? "FAIL" : "ok", name);
+out_unmap:
+	eng_ctx_destroy(c);
+	eng_model_destroy(m);
+	eng_unmap_file(base, size);
+out:
+	free(batch);
+	free(single);
+	free(ref);
+	return fails ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *fix = getenv("STRATA_FIXTURES");
+	char dir[1024];
+	int failed = 0, ran = 0;
+
+	if (!fix)
+		fix = "../shared/fixtures";
+	snprintf(dir, sizeof(dir), "%s/ref", fix);
+	if (argc > 1) {
+		for (int i = 1; i < argc; i++, ran++)
+			failed += run_one(fix, argv[i]);
+	} else {
+		DIR *d = opendir(dir);
+		struct dirent *e;
+
+		if (!d) {
+			printf("SKIP: no fixtures at %s (set STRATA_FIXTURES)\n", dir);
+			return 77;
+		}
+		while ((e = readdir(d))) {
+			size_t l = strlen(e->d_name);
+			char name[256];
+
+			if (l < 6 || strcmp(e->d_name + l - 5, ".json"))
+				continue;
+			snprintf(name, sizeof(name), "%.*s", (int)(l - 5), e->d_name);
+			failed += run_one(fix, name);
+			ran++;
+		}
+		closedir(d);
+	}
+	printf("%d of %d models match the reference\n", ran - failed, ran);
+	return failed || !ran ? 1 : 0;
+}
