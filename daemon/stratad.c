@@ -1,0 +1,105 @@
+/*
+ * stratad.c - the pager daemon's command line.
+ *
+ *   stratad --socket PATH [--budget SIZE] [--resident N] [--window N]
+ *           [--verbose] MODEL.gguf...
+ *
+ * Everything it does lives in the pager library (pager/server.c); this file
+ * parses options, reports what went wrong in one line, and runs the loop.
+ * SIGTERM and SIGINT stop it cleanly (the socket is removed).
+ */
+#include "pager.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage_text[] =
+	"usage: stratad --socket PATH [--budget SIZE] [--resident N] [--window N]\n"
+	"               [--verbose] MODEL.gguf...\n"
+	"\n"
+	"  --socket PATH   unix socket clients connect to\n"
+	"  --budget SIZE   memory for the models and their clients' own needs, in bytes\n"
+	"                  or with a K/M/G suffix (default: no limit, all resident)\n"
+	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
+	"  --window N      streamed layers read ahead (default 2)\n"
+	"  --verbose       log every eviction and load\n";
+
+int main(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "budget", required_argument, NULL, 'b' },
+		{ "resident", required_argument, NULL, 'r' },
+		{ "window", required_argument, NULL, 'w' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct pager_config cfg = { .resident = -1 };
+	struct pager *p;
+	char err[512];
+	int c, rc;
+
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":s:b:r:w:vh", lo, NULL)) != -1) {
+		char *end;
+		long v;
+
+		switch (c) {
+		case 's':
+			cfg.socket_path = optarg;
+			break;
+		case 'b':
+			if (pager_parse_size(optarg, &cfg.budget)) {
+				fprintf(stderr, "stratad: invalid --budget '%s' (bytes, or 512M, 8G ...)\n",
+					optarg);
+				return 1;
+			}
+			break;
+		case 'r':
+		case 'w':
+			v = strtol(optarg, &end, 10);
+			if (*end || end == optarg || v < 0 || v > 100000) {
+				fprintf(stderr, "stratad: invalid value '%s' for --%s\n", optarg,
+					c == 'r' ? "resident" : "window");
+				return 1;
+			}
+			if (c == 'r')
+				cfg.resident = (int)v;
+			else
+				cfg.window = (unsigned)v;
+			break;
+		case 'v':
+			pager_set_log(NULL, PAGER_LOG_DEBUG);
+			break;
+		case 'h':
+			fputs(usage_text, stdout);
+			return 0;
+		case ':':
+			fprintf(stderr, "stratad: option '%s' needs a value\n%s", argv[optind - 1],
+				usage_text);
+			return 1;
+		default:
+			fprintf(stderr, "stratad: unknown option '%s'\n%s", argv[optind - 1],
+				usage_text);
+			return 1;
+		}
+	}
+	if (!cfg.socket_path || optind >= argc) {
+		fprintf(stderr, "stratad: --socket and at least one model are required\n%s",
+			usage_text);
+		return 1;
+	}
+	cfg.models = (const char *const *)argv + optind;
+	cfg.n_models = (unsigned)(argc - optind);
+	rc = pager_create(&cfg, &p, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "stratad: %s\n", err);
+		return 2;
+	}
+	rc = pager_run(p);
+	pager_destroy(p);
+	return rc ? 2 : 0;
+}

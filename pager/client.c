@@ -1,0 +1,419 @@
+/*
+ * client.c - map a model served by stratad, the way mmap(2) would.
+ *
+ * pager_client_open() connects to the daemon, receives the model's memfd
+ * (read-only), maps it PROT_READ/MAP_SHARED, creates a userfaultfd registered
+ * over the mapping for MISSING | MINOR faults, passes the uffd to the daemon
+ * and waits for READY.  From then on the daemon maps pages in as it reads
+ * them, and the engine just reads memory.
+ *
+ * Pager death is the dangerous case: if the daemon's copy of the uffd closes
+ * and ours did too, the kernel would fill faults with zero pages and the
+ * engine would compute garbage; if ours stays open, a fault would hang.  So
+ * we keep our copy and a watchdog thread polls the socket: EOF (the daemon
+ * died or dropped us) calls on_lost, which must end the process.  The poll
+ * wakes at once on EOF, well within the one second the engine may take.
+ */
+#include "pager.h"
+#include "proto_i.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+struct pager_client {
+	int sock;
+	int uffd;
+	int stopfd; /* eventfd: tells the watchdog to go quietly */
+	void *base;
+	size_t map_size;
+	pthread_t watchdog;
+	bool watching;
+	void (*on_lost)(const char *why);
+};
+
+static int send_msg(int fd, uint16_t type, const void *payload, uint32_t len, int pass_fd)
+{
+	uint8_t hdr[PROTO_HDR_SIZE];
+	struct iovec iov[2] = { { hdr, sizeof(hdr) }, { (void *)payload, len } };
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cm;
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = len ? 2 : 1 };
+
+	proto_put_u32(hdr, PROTO_MAGIC);
+	hdr[4] = PROTO_VERSION;
+	hdr[5] = 0;
+	hdr[6] = (uint8_t)type;
+	hdr[7] = (uint8_t)(type >> 8);
+	proto_put_u32(hdr + 8, len);
+	proto_put_u32(hdr + 12, 0);
+	if (pass_fd >= 0) {
+		memset(&cm, 0, sizeof(cm));
+		mh.msg_control = cm.buf;
+		mh.msg_controllen = sizeof(cm.buf);
+		struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+		ch->cmsg_level = SOL_SOCKET;
+		ch->cmsg_type = SCM_RIGHTS;
+		ch->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(ch), &pass_fd, sizeof(int));
+	}
+	return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)(sizeof(hdr) + len) ? 0 : -EIO;
+}
+
+/*
+ * Receive one message of `want` type into buf (payload only, up to cap), and
+ * at most one fd.  An ERROR from the daemon becomes its message in err.
+ */
+static int recv_msg(int fd, uint16_t want, uint8_t *buf, uint32_t cap, uint32_t *len,
+		    int *pass_fd, char *err, size_t errlen)
+{
+	uint8_t *raw = malloc(PROTO_HDR_SIZE + PROTO_MAX_PAYLOAD);
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * 4)];
+	} cm;
+	struct iovec iov = { raw, PROTO_HDR_SIZE + PROTO_MAX_PAYLOAD };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+			     .msg_controllen = sizeof(cm.b) };
+	int got_fd = -1, rc = 0;
+	uint32_t plen;
+	uint16_t type;
+	ssize_t n;
+
+	if (!raw) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	do
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	for (struct cmsghdr *ch = CMSG_FIRSTHDR(&mh); n >= 0 && ch; ch = CMSG_NXTHDR(&mh, ch))
+		if (ch->cmsg_level == SOL_SOCKET && ch->cmsg_type == SCM_RIGHTS) {
+			size_t k = (ch->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+			for (size_t i = 0; i < k; i++) {
+				int f;
+
+				memcpy(&f, CMSG_DATA(ch) + i * sizeof(int), sizeof(int));
+				if (got_fd < 0)
+					got_fd = f;
+				else
+					close(f);
+			}
+		}
+	if (n <= 0) {
+		snprintf(err, errlen, "the daemon closed the connection");
+		rc = -ECONNRESET;
+		goto out;
+	}
+	if (n < PROTO_HDR_SIZE || proto_get_u32(raw) != PROTO_MAGIC || raw[4] != PROTO_VERSION ||
+	    (mh.msg_flags & MSG_TRUNC)) {
+		snprintf(err, errlen, "the daemon speaks another protocol");
+		rc = -EPROTO;
+		goto out;
+	}
+	type = (uint16_t)(raw[6] | raw[7] << 8);
+	plen = proto_get_u32(raw + 8);
+	if (plen != (uint64_t)n - PROTO_HDR_SIZE) {
+		snprintf(err, errlen, "truncated message from the daemon");
+		rc = -EPROTO;
+		goto out;
+	}
+	if (type == PROTO_ERROR && plen >= 4) {
+		snprintf(err, errlen, "%.*s", (int)(plen - 4), (const char *)raw + PROTO_HDR_SIZE + 4);
+		rc = -(int)proto_get_u32(raw + PROTO_HDR_SIZE);
+		if (rc >= 0 || rc < -4095)
+			rc = -EPROTO;
+		goto out;
+	}
+	if (type != want || plen > cap) {
+		snprintf(err, errlen, "unexpected message %u from the daemon", type);
+		rc = -EPROTO;
+		goto out;
+	}
+	memcpy(buf, raw + PROTO_HDR_SIZE, plen);
+	*len = plen;
+	if (pass_fd) {
+		*pass_fd = got_fd;
+		got_fd = -1;
+	}
+out:
+	if (got_fd >= 0)
+		close(got_fd);
+	free(raw);
+	return rc;
+}
+
+static int connect_to(const char *path, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		snprintf(err, errlen, "%s: socket path too long", path);
+		return -ENAMETOOLONG;
+	}
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		snprintf(err, errlen, "socket: %s", strerror(errno));
+		return -errno;
+	}
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+
+		snprintf(err, errlen, "cannot reach the pager at %s: %s%s", path, strerror(e),
+			 e == ECONNREFUSED ? " (stale socket: is stratad running?)" : "");
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+static void default_lost(const char *why)
+{
+	char buf[256];
+	int n = snprintf(buf, sizeof(buf), "strata: pager daemon died: %s\n", why);
+
+	if (n > 0 && write(STDERR_FILENO, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf)) < 0)
+		n = 0;
+	_exit(2);
+}
+
+static void *watchdog(void *arg)
+{
+	struct pager_client *c = arg;
+	struct pollfd pfd[2] = { { c->sock, POLLIN | POLLRDHUP, 0 }, { c->stopfd, POLLIN, 0 } };
+
+	for (;;) {
+		if (poll(pfd, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			c->on_lost("cannot watch the daemon connection");
+		}
+		if (pfd[1].revents)
+			return NULL;
+		if (pfd[0].revents) {
+			/* The daemon never speaks after READY unless it drops
+			 * us; any event here means the session is over. */
+			char buf[512];
+			ssize_t n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT);
+
+			if (n > PROTO_HDR_SIZE + 4 && buf[6] == PROTO_ERROR) {
+				static char why[300];
+
+				snprintf(why, sizeof(why), "it dropped this client: %.*s",
+					 (int)(n - PROTO_HDR_SIZE - 4), buf + PROTO_HDR_SIZE + 4);
+				c->on_lost(why);
+			}
+			c->on_lost("the connection closed");
+		}
+	}
+}
+
+int pager_client_open(const struct pager_client_config *cfg, struct pager_client **out,
+		      const void **base, size_t *size, char *err, size_t errlen)
+{
+	struct pager_client *c = calloc(1, sizeof(*c));
+	size_t name_len = strlen(cfg->model);
+	uint8_t *hello = NULL, mp[PROTO_MODEL_SIZE], reg[PROTO_REGISTER_SIZE], ready[PROTO_READY_SIZE];
+	uint32_t len;
+	int memfd = -1, rc;
+	uint64_t file_size;
+
+	*out = NULL;
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	c->sock = c->uffd = c->stopfd = -1;
+	c->on_lost = cfg->on_lost ? cfg->on_lost : default_lost;
+	if (name_len > PROTO_MAX_NAME) {
+		snprintf(err, errlen, "model name too long");
+		rc = -ENAMETOOLONG;
+		goto fail;
+	}
+	rc = connect_to(cfg->socket_path, err, errlen);
+	if (rc < 0)
+		goto fail;
+	c->sock = rc;
+
+	hello = malloc(PROTO_HELLO_FIXED + name_len);
+	if (!hello) {
+		rc = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	proto_put_u32(hello, PROTO_ROLE_UFFD);
+	proto_put_u32(hello + 4, (uint32_t)name_len);
+	proto_put_u64(hello + 8, cfg->declared_bytes);
+	memcpy(hello + PROTO_HELLO_FIXED, cfg->model, name_len);
+	rc = send_msg(c->sock, PROTO_HELLO, hello, (uint32_t)(PROTO_HELLO_FIXED + name_len), -1);
+	if (rc) {
+		snprintf(err, errlen, "cannot talk to the pager");
+		goto fail;
+	}
+	rc = recv_msg(c->sock, PROTO_MODEL, mp, sizeof(mp), &len, &memfd, err, errlen);
+	if (rc)
+		goto fail;
+	if (len != PROTO_MODEL_SIZE || memfd < 0) {
+		snprintf(err, errlen, "malformed MODEL message from the daemon");
+		rc = -EPROTO;
+		goto fail;
+	}
+	file_size = proto_get_u64(mp);
+	c->map_size = proto_get_u64(mp + 8);
+	if (file_size == 0 || file_size > c->map_size || c->map_size > (uint64_t)SIZE_MAX ||
+	    c->map_size % (uint64_t)sysconf(_SC_PAGESIZE)) {
+		snprintf(err, errlen, "the daemon sent impossible sizes");
+		rc = -EPROTO;
+		goto fail;
+	}
+	c->base = mmap(NULL, c->map_size, PROT_READ, MAP_SHARED, memfd, 0);
+	close(memfd);
+	memfd = -1;
+	if (c->base == MAP_FAILED) {
+		c->base = NULL;
+		rc = -errno;
+		snprintf(err, errlen, "mapping the model: %s", strerror(errno));
+		goto fail;
+	}
+
+	/* User-mode-only faults are all the engine takes (it reads weights in
+	 * user space) and need no privilege; older kernels lack the flag. */
+	c->uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
+	if (c->uffd < 0)
+		c->uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (c->uffd < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "userfaultfd: %s", strerror(errno));
+		goto fail;
+	}
+	struct uffdio_api api = { .api = UFFD_API, .features = UFFD_FEATURE_MINOR_SHMEM };
+	if (ioctl(c->uffd, UFFDIO_API, &api) < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "userfaultfd: no shmem minor faults on this kernel: %s",
+			 strerror(errno));
+		goto fail;
+	}
+	struct uffdio_register ur = {
+		.range = { .start = (uint64_t)(uintptr_t)c->base, .len = c->map_size },
+		.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR,
+	};
+	if (ioctl(c->uffd, UFFDIO_REGISTER, &ur) < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "registering the mapping: %s", strerror(errno));
+		goto fail;
+	}
+	proto_put_u64(reg, (uint64_t)(uintptr_t)c->base);
+	proto_put_u64(reg + 8, c->map_size);
+	rc = send_msg(c->sock, PROTO_REGISTER, reg, sizeof(reg), c->uffd);
+	if (rc) {
+		snprintf(err, errlen, "cannot talk to the pager");
+		goto fail;
+	}
+	rc = recv_msg(c->sock, PROTO_READY, ready, sizeof(ready), &len, NULL, err, errlen);
+	if (rc)
+		goto fail;
+
+	c->stopfd = eventfd(0, EFD_CLOEXEC);
+	if (c->stopfd < 0 || pthread_create(&c->watchdog, NULL, watchdog, c)) {
+		rc = -EAGAIN;
+		snprintf(err, errlen, "cannot start the pager watchdog");
+		goto fail;
+	}
+	c->watching = true;
+	free(hello);
+	*base = c->base;
+	*size = (size_t)file_size;
+	*out = c;
+	return 0;
+fail:
+	if (memfd >= 0)
+		close(memfd);
+	free(hello);
+	pager_client_close(c);
+	return rc < 0 ? rc : -EPROTO;
+}
+
+int pager_client_declare(struct pager_client *c, uint64_t bytes)
+{
+	uint8_t p[PROTO_DECLARE_SIZE];
+
+	proto_put_u64(p, bytes);
+	return send_msg(c->sock, PROTO_DECLARE, p, sizeof(p), -1);
+}
+
+void pager_client_close(struct pager_client *c)
+{
+	uint64_t one = 1;
+
+	if (!c)
+		return;
+	if (c->watching) {
+		if (write(c->stopfd, &one, sizeof(one)) == sizeof(one))
+			pthread_join(c->watchdog, NULL);
+	}
+	if (c->base)
+		munmap(c->base, c->map_size);
+	if (c->uffd >= 0)
+		close(c->uffd);
+	if (c->sock >= 0)
+		close(c->sock);
+	if (c->stopfd >= 0)
+		close(c->stopfd);
+	free(c);
+}
+
+int pager_status_fetch(const char *socket_path, bool json, char **out, size_t *len, char *err,
+		       size_t errlen)
+{
+	uint8_t hello[PROTO_HELLO_FIXED] = { 0 }, req[PROTO_STATUS_REQ_SIZE];
+	uint8_t *buf = malloc(PROTO_MAX_PAYLOAD + 1);
+	uint32_t n = 0;
+	int fd, rc;
+
+	*out = NULL;
+	if (!buf) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	fd = connect_to(socket_path, err, errlen);
+	if (fd < 0) {
+		free(buf);
+		return fd;
+	}
+	proto_put_u32(hello, PROTO_ROLE_CONTROL);
+	proto_put_u32(req, json ? 1 : 0);
+	if (send_msg(fd, PROTO_HELLO, hello, sizeof(hello), -1) ||
+	    send_msg(fd, PROTO_STATUS_REQ, req, sizeof(req), -1)) {
+		snprintf(err, errlen, "cannot talk to the pager");
+		rc = -EIO;
+		goto out;
+	}
+	rc = recv_msg(fd, PROTO_STATUS, buf, PROTO_MAX_PAYLOAD, &n, NULL, err, errlen);
+	if (rc)
+		goto out;
+	buf[n] = '\0';
+	*out = (char *)buf;
+	*len = n;
+	buf = NULL;
+out:
+	free(buf);
+	close(fd);
+	return rc;
+}

@@ -1,0 +1,202 @@
+/*
+ * layout.c - split a GGUF file into residency units.
+ *
+ * A unit is what the pager loads, keeps and evicts as a whole: one per layer
+ * (every tensor named blk.N.*) and one for everything else (header, metadata,
+ * embeddings, output).  A unit's bytes are a few extents of the file (the
+ * tensors of a layer are usually contiguous, but nothing requires it), each
+ * rounded out to whole pages: a page holds the same file bytes whichever unit
+ * reads it, so rounding keeps the region exact.  Two units may share a
+ * boundary page; pager_layout_page_shared() tells the evictor so it never
+ * frees a page a neighbour still needs.
+ *
+ * Each layer also gets tripwires: the first page of each of its tensors.
+ * The pager leaves those unmapped when it maps a streamed layer into a
+ * client, so the client's first touch of the layer raises one fault that
+ * tells the pager where the engine is, without the engine's help.
+ */
+#include "pager_i.h"
+
+#include "gguf.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* "blk.N." -> N, or -1 when the name is not a layer tensor. */
+static long layer_of(struct gguf_str name)
+{
+	long n = 0;
+	uint64_t i = 4;
+
+	if (name.len < 6 || memcmp(name.ptr, "blk.", 4))
+		return -1;
+	if (name.ptr[i] < '0' || name.ptr[i] > '9')
+		return -1;
+	for (; i < name.len && name.ptr[i] >= '0' && name.ptr[i] <= '9'; i++) {
+		n = n * 10 + (name.ptr[i] - '0');
+		if (n > 100000)
+			return -1;
+	}
+	if (i >= name.len || name.ptr[i] != '.')
+		return -1;
+	return n;
+}
+
+static int cmp_ext(const void *a, const void *b)
+{
+	const struct pager_extent *x = a, *y = b;
+
+	return (x->off > y->off) - (x->off < y->off);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Sort, page-round and merge a unit's extents; count its bytes. */
+static void normalize(struct pager_unit *u, uint64_t page, uint64_t map_size)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < u->n_ext; i++) {
+		uint64_t end = u->ext[i].off + u->ext[i].len;
+
+		u->ext[i].off -= u->ext[i].off % page;
+		end = (end + page - 1) / page * page;
+		u->ext[i].len = (end < map_size ? end : map_size) - u->ext[i].off;
+	}
+	qsort(u->ext, u->n_ext, sizeof(*u->ext), cmp_ext);
+	for (unsigned i = 0; i < u->n_ext; i++) {
+		if (u->ext[i].len == 0)
+			continue;
+		if (n && u->ext[n - 1].off + u->ext[n - 1].len >= u->ext[i].off) {
+			uint64_t end = u->ext[i].off + u->ext[i].len;
+			uint64_t prev = u->ext[n - 1].off + u->ext[n - 1].len;
+
+			if (end > prev)
+				u->ext[n - 1].len = end - u->ext[n - 1].off;
+		} else {
+			u->ext[n++] = u->ext[i];
+		}
+	}
+	u->n_ext = n;
+	u->bytes = 0;
+	for (unsigned i = 0; i < n; i++)
+		u->bytes += u->ext[i].len;
+	qsort(u->trip, u->n_trip, sizeof(*u->trip), cmp_u64);
+	n = 0;
+	for (unsigned i = 0; i < u->n_trip; i++)
+		if (!n || u->trip[n - 1] != u->trip[i])
+			u->trip[n++] = u->trip[i];
+	u->n_trip = n;
+}
+
+int pager_layout_build(const void *image, size_t size, uint64_t page,
+		       struct pager_layout **out, char *err, size_t errlen)
+{
+	struct pager_layout *l;
+	struct gguf *g;
+	long max_layer = -1;
+	int rc;
+
+	*out = NULL;
+	rc = gguf_parse(image, size, &g, err, errlen);
+	if (rc)
+		return rc;
+	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+		long n = layer_of(gguf_tensor_at(g, i)->name);
+
+		if (n > max_layer)
+			max_layer = n;
+	}
+	if (max_layer > 4096) {
+		snprintf(err, errlen, "%ld layers is more than the pager handles", max_layer + 1);
+		gguf_destroy(g);
+		return -EINVAL;
+	}
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		goto oom;
+	l->file_size = size;
+	l->page = page;
+	l->map_size = (size + page - 1) / page * page;
+	l->n_layers = (unsigned)(max_layer + 1);
+	l->n_units = l->n_layers + 1;
+	l->units = calloc(l->n_units, sizeof(*l->units));
+	if (!l->units)
+		goto oom;
+	/* Capacity: every tensor could land in one unit; plus the header. */
+	for (unsigned u = 0; u < l->n_units; u++) {
+		l->units[u].layer = (int)u - 1;
+		l->units[u].ext = calloc(gguf_n_tensors(g) + 1, sizeof(struct pager_extent));
+		l->units[u].trip = calloc(gguf_n_tensors(g) + 1, sizeof(uint64_t));
+		if (!l->units[u].ext || !l->units[u].trip)
+			goto oom;
+	}
+	/* Unit 0 is everything that is not a layer, starting with the header. */
+	l->units[0].ext[l->units[0].n_ext++] = (struct pager_extent){ 0, gguf_data_offset(g) };
+	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor *t = gguf_tensor_at(g, i);
+		long n = layer_of(t->name);
+		struct pager_unit *u = &l->units[n + 1];
+
+		if (t->size == 0)
+			continue;
+		u->ext[u->n_ext++] = (struct pager_extent){ t->offset, t->size };
+		if (n >= 0)
+			u->trip[u->n_trip++] = t->offset - t->offset % page;
+	}
+	for (unsigned u = 0; u < l->n_units; u++)
+		normalize(&l->units[u], page, l->map_size);
+	for (unsigned u = 1; u < l->n_units; u++)
+		if (l->units[u].bytes > l->max_layer_bytes)
+			l->max_layer_bytes = l->units[u].bytes;
+	gguf_destroy(g);
+	*out = l;
+	return 0;
+oom:
+	gguf_destroy(g);
+	pager_layout_destroy(l);
+	snprintf(err, errlen, "out of memory");
+	return -ENOMEM;
+}
+
+void pager_layout_destroy(struct pager_layout *l)
+{
+	if (!l)
+		return;
+	for (unsigned u = 0; l->units && u < l->n_units; u++) {
+		free(l->units[u].ext);
+		free(l->units[u].trip);
+	}
+	free(l->units);
+	free(l);
+}
+
+/* The unit owning the page at offset off: the last unit whose extents hold
+ * it (a boundary page belongs to two; the later one is where the engine is
+ * heading).  -1 if no unit does (padding between tensors). */
+int pager_layout_unit_of(const struct pager_layout *l, uint64_t off)
+{
+	for (int u = (int)l->n_units - 1; u >= 0; u--) {
+		const struct pager_unit *un = &l->units[u];
+
+		for (unsigned i = 0; i < un->n_ext; i++)
+			if (off >= un->ext[i].off && off < un->ext[i].off + un->ext[i].len)
+				return u;
+	}
+	return -1;
+}
+
+bool pager_unit_has_page(const struct pager_unit *u, uint64_t off)
+{
+	for (unsigned i = 0; i < u->n_ext; i++)
+		if (off >= u->ext[i].off && off < u->ext[i].off + u->ext[i].len)
+			return true;
+	return false;
+}

@@ -1,0 +1,98 @@
+/*
+ * pager.h - the strata pager: serve a model's weight pages to other
+ * processes under a memory budget.
+ *
+ * Two sides:
+ *
+ *   server  (stratad)  struct pager: owns one memfd per model (a flat image of
+ *                      the file), decides which residency units (layers) are
+ *                      in memory, reads ahead with io_uring, evicts with punch
+ *                      hole, and answers the clients' userfaultfd faults.
+ *
+ *   client  (strata)   pager_client_open(): maps a served model read-only,
+ *                      registers it with a userfaultfd, hands the uffd to the
+ *                      daemon and returns (base, size) - the same interface
+ *                      the engine gets from mmap(2).
+ *
+ * The wire protocol is in proto_i.h and docs/protocol.md.
+ */
+#ifndef STRATA_PAGER_H
+#define STRATA_PAGER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- logging ---------------------------------------------------------- */
+
+/* syslog levels */
+enum pager_log_level {
+	PAGER_LOG_ERR = 3,
+	PAGER_LOG_WARNING = 4,
+	PAGER_LOG_NOTICE = 5,
+	PAGER_LOG_INFO = 6,
+	PAGER_LOG_DEBUG = 7,
+};
+
+typedef void (*pager_log_fn)(enum pager_log_level level, const char *msg);
+/* Messages at or below max_level go to fn (default: stderr, NOTICE). */
+void pager_set_log(pager_log_fn fn, enum pager_log_level max_level);
+void pager_log(enum pager_log_level level, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* Like pager_log, appending ": strerror(err)" (err positive or negative). */
+void pager_log_errno(enum pager_log_level level, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* ---- server ----------------------------------------------------------- */
+
+struct pager_config {
+	const char *socket_path;
+	uint64_t budget;        /* bytes; 0 = no limit (every layer resident) */
+	int resident;           /* layers kept resident; -1 = as many as fit */
+	unsigned window;        /* streamed layers read ahead; 0 = default (2) */
+	unsigned n_models;
+	const char *const *models; /* GGUF paths */
+};
+
+struct pager;
+
+/* Open the models, load what is resident, bind the socket.  -errno, with a
+ * one-line reason in err. */
+int pager_create(const struct pager_config *cfg, struct pager **out, char *err, size_t errlen);
+/* Serve until SIGTERM/SIGINT (blocked and read through a signalfd) or a fatal
+ * error; 0 on a clean stop. */
+int pager_run(struct pager *p);
+void pager_destroy(struct pager *p);
+
+/* ---- client ----------------------------------------------------------- */
+
+struct pager_client;
+
+struct pager_client_config {
+	const char *socket_path;
+	const char *model;        /* path or served file name */
+	uint64_t declared_bytes;  /* the client's own memory (KV cache, buffers) */
+	/* Called from the watchdog thread when the daemon goes away; must not
+	 * return (the process cannot compute safely any more).  NULL: print
+	 * "strata: pager daemon died: WHY" and _exit(2). */
+	void (*on_lost)(const char *why);
+};
+
+int pager_client_open(const struct pager_client_config *cfg, struct pager_client **out,
+		      const void **base, size_t *size, char *err, size_t errlen);
+/* Tell the daemon how much memory this client needs besides the model (its
+ * KV cache and buffers), once it knows; the daemon re-plans residency. */
+int pager_client_declare(struct pager_client *c, uint64_t bytes);
+/* Unmap and disconnect (the watchdog stops first, so this is not "lost"). */
+void pager_client_close(struct pager_client *c);
+
+/* ---- control ---------------------------------------------------------- */
+
+/* Fetch the daemon's status as text or JSON; *out is malloc'd. */
+int pager_status_fetch(const char *socket_path, bool json, char **out, size_t *len, char *err,
+		       size_t errlen);
+
+/* "8G", "512M", "1024" -> bytes; -EINVAL on garbage or overflow. */
+int pager_parse_size(const char *s, uint64_t *out);
+
+#endif

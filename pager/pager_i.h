@@ -1,0 +1,44 @@
+/*
+ * pager_i.h - internals shared by the pager's files (not installed).
+ */
+#ifndef STRATA_PAGER_I_H
+#define STRATA_PAGER_I_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A page-aligned byte range of the model file (and of its memfd). */
+struct pager_extent {
+	uint64_t off;
+	uint64_t len;
+};
+
+/* A residency unit: a layer, or (unit 0) everything that is not a layer. */
+struct pager_unit {
+	int layer; /* -1 for unit 0 */
+	uint64_t bytes;
+	unsigned n_ext;
+	struct pager_extent *ext; /* sorted, merged, page-aligned */
+	unsigned n_trip;
+	uint64_t *trip;           /* tripwire page offsets, sorted */
+};
+
+struct pager_layout {
+	uint64_t file_size;
+	uint64_t map_size; /* file_size rounded up to a page */
+	uint64_t page;
+	unsigned n_layers;
+	unsigned n_units;  /* n_layers + 1 */
+	struct pager_unit *units;
+	uint64_t max_layer_bytes;
+};
+
+/* Split the GGUF image into units; -errno with a one-line reason in err. */
+int pager_layout_build(const void *image, size_t size, uint64_t page,
+		       struct pager_layout **out, char *err, size_t errlen);
+void pager_layout_destroy(struct pager_layout *l);
+int pager_layout_unit_of(const struct pager_layout *l, uint64_t off);
+bool pager_unit_has_page(const struct pager_unit *u, uint64_t off);
+
+#endif

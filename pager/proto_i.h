@@ -1,0 +1,150 @@
+/*
+ * proto_i.h - the stratad wire protocol (version 1), shared by the daemon, the
+ * client library and stratactl.  docs/protocol.md says the same in prose.
+ *
+ * Transport: a unix stream socket.  Every message is a 16-byte header and a
+ * payload; integers are little-endian; file descriptors travel as SCM_RIGHTS
+ * ancillary data on the message that names them.
+ *
+ *   off size field
+ *     0    4 magic     0x41525453 ("STRA")
+ *     4    2 version   1
+ *     6    2 type      enum proto_type
+ *     8    4 length    payload bytes that follow (<= PROTO_MAX_PAYLOAD)
+ *    12    4 reserved  0
+ *
+ * A session (uffd client, i.e. an engine):
+ *
+ *   client -> HELLO    role=1, declared_bytes, model name
+ *   daemon -> MODEL    (+ memfd, read-only) file size, map size, unit count
+ *   client    mmap(memfd, PROT_READ, MAP_SHARED); uffd; register MISSING|MINOR
+ *   client -> REGISTER (+ uffd) base address, length
+ *   daemon    maps the resident and loaded units into the client
+ *   daemon -> READY
+ *   client -> DECLARE  declared_bytes (optional, any number of times: the
+ *                      engine knows its KV cache size only after reading the
+ *                      model's header through the mapping)
+ *   ... the daemon never writes again unless it drops the client (ERROR);
+ *   EOF on either side ends the session.
+ *
+ * A control session (stratactl):
+ *
+ *   client -> HELLO    role=2
+ *   client -> STATUS_REQ  format (0 text, 1 JSON)
+ *   daemon -> STATUS   text
+ *   (repeat STATUS_REQ as often as wanted)
+ *
+ * Any malformed message (bad magic/version/type, length out of range, payload
+ * inconsistent with its type, a message out of order, a missing or extra file
+ * descriptor) makes the daemon send ERROR, when it still can, and close the
+ * connection.  The daemon never trusts a length or an address from the peer.
+ */
+#ifndef STRATA_PROTO_I_H
+#define STRATA_PROTO_I_H
+
+#include <stdint.h>
+
+#define PROTO_MAGIC 0x41525453u
+#define PROTO_VERSION 1
+#define PROTO_HDR_SIZE 16
+#define PROTO_MAX_PAYLOAD (1u << 20)
+#define PROTO_MAX_NAME 4096
+
+enum proto_type {
+	PROTO_HELLO = 1,
+	PROTO_MODEL = 2,
+	PROTO_REGISTER = 3,
+	PROTO_READY = 4,
+	PROTO_STATUS_REQ = 5,
+	PROTO_STATUS = 6,
+	PROTO_ERROR = 7,
+	PROTO_DECLARE = 8,
+};
+
+enum proto_role {
+	PROTO_ROLE_UFFD = 1,
+	PROTO_ROLE_CONTROL = 2,
+};
+
+/*
+ * HELLO payload (>= 16 bytes):
+ *    0  4 role            enum proto_role
+ *    4  4 name_len        bytes of model name (0 for control; <= PROTO_MAX_NAME)
+ *    8  8 declared_bytes  memory the client itself needs (KV cache, buffers)
+ *   16  name_len bytes    model: a path (matched by its real path) or the
+ *                         file name of a served model
+ */
+#define PROTO_HELLO_FIXED 16
+
+/*
+ * MODEL payload (32 bytes), with one fd: the model's memfd (mapped PROT_READ;
+ * it cannot be a read-only descriptor, see on_hello in server.c).
+ *    0  8 file_size   bytes of the GGUF file (the engine's region size)
+ *    8  8 map_size    file_size rounded up to the page size (the memfd size)
+ *   16  4 n_units     residency units (layers + 1)
+ *   20  4 page_size
+ *   24  8 model_id    the daemon's index of the model
+ */
+#define PROTO_MODEL_SIZE 32
+
+/*
+ * REGISTER payload (16 bytes), with one fd: the client's userfaultfd, already
+ * registered over [base, base + length) for MISSING | MINOR.
+ *    0  8 base
+ *    8  8 length      must equal map_size
+ */
+#define PROTO_REGISTER_SIZE 16
+
+/* READY payload (8 bytes):
+ *    0  4 resident_units  units mapped into the client up front
+ *    4  4 reserved */
+#define PROTO_READY_SIZE 8
+
+/* STATUS_REQ payload (4 bytes): 0 = text, 1 = JSON.
+ * STATUS payload: that text, not NUL-terminated. */
+#define PROTO_STATUS_REQ_SIZE 4
+
+/* DECLARE payload (8 bytes):
+ *    0  8 declared_bytes  replaces the value from HELLO */
+#define PROTO_DECLARE_SIZE 8
+
+/* ERROR payload (>= 4 bytes):
+ *    0  4 errno   positive errno value
+ *    4  ...       message, UTF-8, not NUL-terminated */
+
+struct proto_hdr {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t type;
+	uint32_t length;
+	uint32_t reserved;
+};
+_Static_assert(sizeof(struct proto_hdr) == PROTO_HDR_SIZE, "wire header");
+
+static inline uint64_t proto_get_u64(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (int i = 7; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static inline uint32_t proto_get_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void proto_put_u64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void proto_put_u32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+#endif

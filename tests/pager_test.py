@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""stratad and strata --pager, as users rely on them.
+
+  identical   every fixture model gives bit-identical `strata eval` logits with
+              and without the pager, with every layer, half and none resident
+  share       two engines on one model share its pages (one copy in memory)
+  garbage     clients sending garbage, truncated messages or stray file
+              descriptors are dropped; the daemon keeps serving
+  kill-engine killing an engine mid-run leaves the daemon serving the next one
+  kill-daemon killing the daemon makes the engine exit non-zero within a second
+              with a message
+  stale       a stale socket left by a killed daemon is replaced; a live one is
+              refused; SIGTERM removes the socket
+
+Every wait is for a condition (a status field, a line of output, a process
+exit) with a deadline, never a fixed sleep.
+
+usage: pager_test.py [CASE ...]
+"""
+import json, os, signal, socket, struct, subprocess, sys, tempfile, time
+
+BUILD = os.environ["STRATA_BUILD"]
+FIX = os.environ["STRATA_FIXTURES"]
+STRATA = os.path.join(BUILD, "strata")
+STRATAD = os.path.join(BUILD, "daemon", "stratad")
+CTL = os.path.join(BUILD, "tools", "stratactl")
+MKMODEL = os.path.join(BUILD, "tools", "strata-mkmodel")
+MODELS = sorted(f for f in os.listdir(os.path.join(FIX, "models")) if f.endswith(".gguf"))
+
+if not os.path.exists("/dev/userfaultfd") and not os.path.exists("/proc/sys/vm/unprivileged_userfaultfd"):
+    print("SKIP: this kernel has no userfaultfd")
+    sys.exit(77)
+
+TMP = tempfile.mkdtemp(prefix="strata-pager-test-")
+failures = []
+
+
+def check(name, ok, detail=""):
+    print(("ok " if ok else "FAIL ") + name + (f": {detail}" if detail and not ok else ""))
+    if not ok:
+        failures.append(name)
+
+
+def wait_for(cond, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)  # polling a condition with a deadline
+    raise TimeoutError(what)
+
+
+class Daemon:
+    def __init__(self, models, *args, sock=None):
+        self.sock = sock or os.path.join(TMP, f"d{time.monotonic_ns()}.sock")
+        self.log = open(os.path.join(TMP, "stratad.log"), "ab")
+        self.p = subprocess.Popen([STRATAD, "--socket", self.sock, *args, *models],
+                                  stdout=self.log, stderr=self.log)
+        wait_for(lambda: os.path.exists(self.sock) or self.p.poll() is not None, 10,
+                 "daemon socket")
+        if self.p.poll() is not None:
+            raise RuntimeError("stratad exited at start")
+        wait_for(self.status, 10, "daemon status")
+
+    def status(self):
+        r = subprocess.run([CTL, "--socket", self.sock, "status", "--json"],
+                           capture_output=True, text=True)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def model(self, name):
+        return next(m for m in self.status()["models"] if m["name"] == name)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            self.p.wait(10)
+        self.log.close()
+
+
+def tokens_of(name):
+    ref = json.load(open(os.path.join(FIX, "ref", name.replace(".gguf", ".json"))))
+    return ",".join(map(str, ref["prompt_tokens"] + ref["greedy_tokens"]))
+
+
+def run_eval(model, toks, out, sock=None):
+    cmd = [STRATA, "eval", "-m", model, "--tokens", toks, "--logits-out", out]
+    if sock:
+        cmd += ["--pager", sock]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def case_identical():
+    paths = [os.path.join(FIX, "models", m) for m in MODELS]
+    plain = {}
+    for m, p in zip(MODELS, paths):
+        out = os.path.join(TMP, m + ".plain")
+        r = run_eval(p, tokens_of(m), out)
+        check(f"identical: plain eval {m}", r.returncode == 0, r.stderr)
+        plain[m] = open(out, "rb").read()
+    for label, args in (("all resident", ["--resident", "1000"]),
+                        ("half resident", None),
+                        ("none resident", ["--resident", "0"])):
+        for m, p in zip(MODELS, paths):
+            a = args
+            if a is None:
+                n_layers = None
+                d0 = Daemon([p], "--resident", "0")
+                n_layers = len(d0.model(m)["layers"])
+                d0.stop()
+                a = ["--resident", str(n_layers // 2)]
+            d = Daemon([p], *a)
+            out = os.path.join(TMP, m + ".paged")
+            r = run_eval(p, tokens_of(m), out, d.sock)
+            st = d.model(m)
+            d.stop()
+            same = r.returncode == 0 and open(out, "rb").read() == plain[m]
+            streamed = sum(1 for l in st["layers"] if l["loads"] > 0 and l["state"] != "resident")
+            check(f"identical: {m} {label}", same,
+                  r.stderr.strip() or "logits differ from the plain mmap run")
+            if label == "none resident":
+                check(f"identical: {m} {label} streamed every layer",
+                      streamed == len(st["layers"]), f"{streamed} of {len(st['layers'])}")
+
+
+def long_model():
+    """A model big enough that a run lasts a while (seconds, not ms)."""
+    path = os.path.join(TMP, "small-q4_0.gguf")
+    if not os.path.exists(path):
+        subprocess.run([MKMODEL, "--shape", "small", "--type", "q4_0", "-o", path],
+                       check=True, capture_output=True)
+    return path
+
+
+def start_engine(model, sock, n=4000, extra=()):
+    return subprocess.Popen([STRATA, "run", "-m", model, "--pager", sock, "-p", "hello",
+                             "-n", str(n), "-c", "2048", "--temp", "0", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def first_output(p, timeout=60):
+    """Block until the engine printed generated text (it is mid-run)."""
+    os.set_blocking(p.stdout.fileno(), True)
+    return wait_for(lambda: p.stdout.read(1) or p.poll() is not None, timeout, "engine output")
+
+
+def mapping_rss_pss(pid, name):
+    """Rss and Pss (kB) of the process's mappings of the memfd called name."""
+    rss = pss = 0
+    cur = False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):  # a mapping's header
+                cur = f"memfd:{name}" in line
+            elif cur and first == "Rss:":
+                rss += int(line.split()[1])
+            elif cur and first == "Pss:":
+                pss += int(line.split()[1])
+    return rss, pss
+
+
+def case_share():
+    m = long_model()
+    d = Daemon([m], "--resident", "1000")
+    a = start_engine(m, d.sock)
+    b = start_engine(m, d.sock)
+    first_output(a)
+    first_output(b)
+    st = d.model(os.path.basename(m))
+    shared = [mapping_rss_pss(p.pid, os.path.basename(m)) for p in (a, b)]
+    for p in (a, b):
+        p.kill()
+        p.wait()
+    d.stop()
+    check("share: two clients attached", len(st["clients"]) == 2, str(st["clients"]))
+    check("share: one copy resident", st["resident_bytes"] <= os.path.getsize(m) + 2 * 4096 * 64,
+          f"{st['resident_bytes']} bytes for a {os.path.getsize(m)}-byte model")
+    check("share: both engines map the same pages (Pss about half of Rss)",
+          all(rss > 0 and pss * 10 < rss * 6 for rss, pss in shared), str(shared))
+
+
+def raw_conn(sock):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(sock)
+    s.settimeout(5)
+    return s
+
+
+def hdr(t, n, magic=0x41525453, ver=1):
+    return struct.pack("<IBBHII", magic, ver, 0, t, n, 0)
+
+
+def dropped(s):
+    """The daemon closed this connection (after an optional ERROR)."""
+    try:
+        while True:
+            data = s.recv(70000)
+            if not data:
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def case_garbage():
+    model = os.path.join(FIX, "models", "stories260K.gguf")
+    d = Daemon([model], "--resident", "0")
+    name = b"stories260K.gguf"
+    hello = struct.pack("<IIQ", 1, len(name), 0) + name
+    attacks = {
+        "random bytes": os.urandom(100),
+        "one byte": b"\0",
+        "bad magic": hdr(1, len(hello), magic=0xdeadbeef) + hello,
+        "bad version": hdr(1, len(hello), ver=9) + hello,
+        "length larger than sent": hdr(1, 5000) + hello,
+        "length smaller than sent": hdr(1, 3) + hello,
+        "short HELLO": hdr(1, 4) + b"\1\0\0\0",
+        "name length lies": hdr(1, len(hello)) + struct.pack("<IIQ", 1, 999, 0) + name,
+        "unknown role": hdr(1, len(hello)) + struct.pack("<IIQ", 7, len(name), 0) + name,
+        "unknown model": hdr(1, 16 + 4) + struct.pack("<IIQ", 1, 4, 0) + b"nope",
+        "REGISTER before HELLO": hdr(3, 16) + bytes(16),
+        "unknown type": hdr(99, 0),
+    }
+    for what, msg in attacks.items():
+        s = raw_conn(d.sock)
+        s.send(msg)
+        check(f"garbage: {what} is dropped", dropped(s))
+        s.close()
+    # a stray file descriptor with HELLO
+    s = raw_conn(d.sock)
+    r, w = os.pipe()
+    s.sendmsg([hdr(1, len(hello)) + hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", r))])
+    check("garbage: a file descriptor with HELLO is dropped", dropped(s))
+    os.close(r); os.close(w); s.close()
+    # REGISTER with something that is not a userfaultfd
+    s = raw_conn(d.sock)
+    s.send(hdr(1, len(hello)) + hello)
+    s.recvmsg(100, socket.CMSG_SPACE(4))
+    r, w = os.pipe()
+    s.sendmsg([hdr(3, 16) + bytes(16)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", r))])
+    check("garbage: REGISTER with a pipe instead of a uffd is dropped", dropped(s))
+    os.close(r); os.close(w); s.close()
+    # a client that vanishes halfway through the handshake
+    s = raw_conn(d.sock)
+    s.send(hdr(1, len(hello)) + hello)
+    s.close()
+    out = os.path.join(TMP, "after-garbage")
+    r = run_eval(model, tokens_of("stories260K.gguf"), out, d.sock)
+    alive = d.p.poll() is None
+    d.stop()
+    check("garbage: the daemon still serves a real client", alive and r.returncode == 0, r.stderr)
+
+
+def case_kill_engine():
+    m = long_model()
+    d = Daemon([m], "--resident", "2")
+    e = start_engine(m, d.sock)
+    first_output(e)
+    e.kill()
+    e.wait()
+    wait_for(lambda: not d.model(os.path.basename(m))["clients"], 10, "client gone")
+    out = os.path.join(TMP, "after-kill")
+    r = subprocess.run([STRATA, "run", "-m", m, "--pager", d.sock, "-p", "hi", "-n", "4",
+                        "--temp", "0"], capture_output=True, text=True, timeout=120)
+    alive = d.p.poll() is None
+    d.stop()
+    check("kill-engine: the daemon serves the next client", alive and r.returncode == 0, r.stderr)
+
+
+def case_kill_daemon():
+    m = long_model()
+    # one layer resident: the engine keeps faulting on streamed layers
+    d = Daemon([m], "--resident", "1")
+    e = start_engine(m, d.sock)
+    first_output(e)
+    t0 = time.monotonic()
+    d.p.kill()
+    d.p.wait()
+    try:
+        e.wait(5)
+    except subprocess.TimeoutExpired:
+        e.kill()
+        e.wait()
+        check("kill-daemon: the engine stops", False, "still running 5 s after the daemon died")
+        return
+    dt = time.monotonic() - t0
+    err = e.stderr.read().decode()
+    d.log.close()
+    check("kill-daemon: the engine exits non-zero", e.returncode not in (0, None), str(e.returncode))
+    check("kill-daemon: within a second", dt < 1.0, f"{dt:.2f} s")
+    check("kill-daemon: with a message", "pager daemon died" in err, err.strip())
+
+
+def case_stale():
+    model = os.path.join(FIX, "models", "stories260K.gguf")
+    d = Daemon([model])
+    sock = d.sock
+    d.p.kill()
+    d.p.wait()
+    d.log.close()
+    check("stale: a killed daemon leaves its socket", os.path.exists(sock))
+    r = subprocess.run([STRATA, "eval", "-m", model, "--tokens", "1", "--logits-out",
+                        os.path.join(TMP, "x"), "--pager", sock], capture_output=True, text=True)
+    check("stale: the engine says the pager is not running", r.returncode == 2 and
+          "stale socket" in r.stderr, r.stderr.strip())
+    d2 = Daemon([model], sock=sock)
+    r = subprocess.run([STRATAD, "--socket", sock, model], capture_output=True, text=True, timeout=10)
+    check("stale: a second daemon on a live socket is refused",
+          r.returncode == 2 and "another stratad" in r.stderr, r.stderr.strip())
+    d2.stop()
+    check("stale: SIGTERM removes the socket", d2.p.returncode == 0 and not os.path.exists(sock))
+
+
+CASES = {"identical": case_identical, "share": case_share, "garbage": case_garbage,
+         "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale}
+
+for name in sys.argv[1:] or CASES:
+    try:
+        CASES[name]()
+    except Exception as ex:  # a broken case must fail, not stop the others
+        check(f"{name}: ran to the end", False, repr(ex))
+subprocess.run(["rm", "-rf", TMP])
+print(f"{len(failures)} failures" if failures else "all pager tests passed")
+sys.exit(1 if failures else 0)
