@@ -5,7 +5,9 @@
  * up to `depth` chunks are in flight, the rest wait in a FIFO.  Reads are
  * O_DIRECT (the caller opens the file so) into the caller's mapping of the
  * memfd: plain reads, never registered buffers, because registered buffers
- * pin pages that a later punch hole would orphan.  Completions arrive on an
+ * pin pages that a later punch hole would orphan.  Punch holes go through
+ * the ring too (IORING_OP_FALLOCATE), so freeing a 100 MiB layer (tens of ms
+ * of kernel time) never stalls the loop that keeps reads in flight.  Completions arrive on an
  * eventfd the daemon's epoll loop watches; pio_reap() finishes them, resubmits
  * short reads and calls back once per chunk.
  *
@@ -15,6 +17,7 @@
 #include "pager.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <liburing.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
@@ -23,6 +26,7 @@
 
 struct chunk {
 	struct chunk *next;
+	bool punch;
 	int fd;
 	uint8_t *buf;
 	uint64_t off;
@@ -126,7 +130,12 @@ static void submit_waiting(struct pager_io *io)
 		io->head = c->next;
 		if (!io->head)
 			io->tail = NULL;
-		io_uring_prep_read(sqe, c->fd, c->buf, (unsigned)c->len, c->off);
+		if (c->punch)
+			io_uring_prep_fallocate(sqe, c->fd,
+						FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+						(off_t)c->off, (off_t)c->len);
+		else
+			io_uring_prep_read(sqe, c->fd, c->buf, (unsigned)c->len, c->off);
 		io_uring_sqe_set_data(sqe, c);
 		if (io->inflight++ == 0)
 			io->busy_since_ns = now_ns();
@@ -156,6 +165,7 @@ int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t l
 
 		if (!c)
 			return n ? n : -ENOMEM;
+		c->punch = false;
 		c->fd = fd;
 		c->buf = buf + pos;
 		c->off = off + pos;
@@ -167,6 +177,22 @@ int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t l
 	}
 	submit_waiting(io);
 	return n;
+}
+
+int pio_punch(struct pager_io *io, int fd, uint64_t off, uint64_t len, void *tag)
+{
+	struct chunk *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	c->punch = true;
+	c->fd = fd;
+	c->off = off;
+	c->len = len;
+	c->tag = tag;
+	enqueue(io, c);
+	submit_waiting(io);
+	return 0;
 }
 
 void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
@@ -185,6 +211,11 @@ void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
 			io->busy_ns += now_ns() - io->busy_since_ns;
 		if (res == -EINTR || res == -EAGAIN) {
 			enqueue(io, c);
+			continue;
+		}
+		if (c->punch) {
+			done(c->tag, res < 0 ? res : 0, 0, true, arg);
+			free(c);
 			continue;
 		}
 		if (res > 0 && (uint64_t)res < c->len && c->off + (uint64_t)res < c->eof) {

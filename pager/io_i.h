@@ -21,6 +21,9 @@ int pio_fd(const struct pager_io *io);
  * chunks queued (each completes with one last=true callback) or -errno. */
 int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t len,
 	     uint64_t eof, void *tag);
+/* Queue a punch hole of [off, off+len) in fd; completes with one last=true
+ * callback with bytes 0. */
+int pio_punch(struct pager_io *io, int fd, uint64_t off, uint64_t len, void *tag);
 void pio_reap(struct pager_io *io, pio_done_fn done, void *arg);
 /* Wall time during which at least one read was in flight. */
 uint64_t pio_busy_ns(const struct pager_io *io);

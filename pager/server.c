@@ -66,12 +66,14 @@
  * processes without CAP_SYS_RESOURCE, and were refused otherwise here). */
 #define PSI_TRIGGER "some 150000 2000000"
 
-enum ustate { U_ABSENT, U_LOADING, U_LOADED };
+enum ustate { U_ABSENT, U_LOADING, U_LOADED, U_EVICTING };
 
 struct ustat {
 	enum ustate state;
 	bool resident;      /* policy: keep in memory */
 	unsigned reads_left;
+	unsigned punches_left;
+	bool want_load;     /* load again once the eviction completes */
 	int io_err;
 	uint64_t loads, faults, evictions, bytes_read;
 };
@@ -154,44 +156,71 @@ static uint64_t now_ns(void)
 
 /* ---- memory of units -------------------------------------------------- */
 
-static bool unit_in_memory(const struct model *m, unsigned u)
-{
-	return m->us[u].state != U_ABSENT;
-}
-
-/* A page of unit u is shared with another unit that is in memory. */
-static bool page_needed_elsewhere(const struct model *m, unsigned u, uint64_t off)
+/* A page of unit u that another unit also holds (a boundary page).  Such
+ * pages are never punched: a neighbour may be loading into them while an
+ * asynchronous punch is queued, and a page per boundary is cheap to keep. */
+static bool page_shared(const struct model *m, unsigned u, uint64_t off)
 {
 	for (unsigned v = 0; v < m->lay->n_units; v++)
-		if (v != u && unit_in_memory(m, v) && pager_unit_has_page(&m->lay->units[v], off))
+		if (v != u && pager_unit_has_page(&m->lay->units[v], off))
 			return true;
 	return false;
 }
 
-/* Take unit u's pages out of memory (and out of every client's page
- * tables), whatever state it was in. */
+struct io_tag {
+	struct model *m;
+	unsigned u;
+	bool punch;
+};
+
+static int load(struct model *m, unsigned u);
+
+/* The last punch of unit u completed: its memory is free. */
+static void released(struct model *m, unsigned u)
+{
+	m->us[u].state = U_ABSENT;
+	m->mem_bytes -= m->lay->units[u].bytes;
+	if (m->us[u].want_load) {
+		m->us[u].want_load = false;
+		load(m, u);
+	}
+}
+
+/*
+ * Take unit u's pages out of memory, and with them out of every client's
+ * page tables.  The punch holes are queued on the ring; until they complete
+ * the unit is EVICTING: still counted against the budget, and not reloaded
+ * (a load racing a queued punch would lose pages).
+ */
 static void release(struct model *m, unsigned u)
 {
 	const struct pager_unit *un = &m->lay->units[u];
 	uint64_t page = m->lay->page;
 
-	m->us[u].state = U_ABSENT;
-	m->mem_bytes -= un->bytes;
+	m->us[u].state = U_EVICTING;
+	m->us[u].punches_left = 0;
 	for (unsigned i = 0; i < un->n_ext; i++) {
 		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
+		struct io_tag *tag;
 
-		/* keep boundary pages a neighbour still holds */
-		if (page_needed_elsewhere(m, u, off))
+		if (page_shared(m, u, off))
 			off += page;
-		if (end > off && page_needed_elsewhere(m, u, end - page))
+		if (end > off && page_shared(m, u, end - page))
 			end -= page;
 		if (end <= off)
 			continue;
-		if (fallocate(m->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
-			      (off_t)(end - off)) < 0)
-			pager_log_errno(PAGER_LOG_ERR, errno, "%s: punching layer %d", m->name,
-					un->layer);
+		tag = malloc(sizeof(*tag));
+		if (!tag || pio_punch(m->p->io, m->memfd, off, end - off, tag)) {
+			free(tag);
+			pager_log(PAGER_LOG_ERR, "%s: cannot queue the eviction of layer %d", m->name,
+				  un->layer);
+			continue;
+		}
+		*tag = (struct io_tag){ m, u, true };
+		m->us[u].punches_left++;
 	}
+	if (m->us[u].punches_left == 0)
+		released(m, u);
 }
 
 static void evict(struct model *m, unsigned u)
@@ -310,11 +339,6 @@ static void map_unit_everywhere(struct model *m, unsigned u)
 
 /* ---- loading ---------------------------------------------------------- */
 
-struct io_tag {
-	struct model *m;
-	unsigned u;
-};
-
 static void wake_waiters(struct model *m, unsigned u);
 static void policy_advance(struct model *m);
 
@@ -323,13 +347,14 @@ static int load(struct model *m, unsigned u)
 	const struct pager_unit *un = &m->lay->units[u];
 	struct io_tag *tag;
 
+	if (m->us[u].state == U_EVICTING)
+		m->us[u].want_load = true;
 	if (m->us[u].state != U_ABSENT)
 		return 0;
 	tag = malloc(sizeof(*tag));
 	if (!tag)
 		return -ENOMEM;
-	tag->m = m;
-	tag->u = u;
+	*tag = (struct io_tag){ m, u, false };
 	m->us[u].state = U_LOADING;
 	m->us[u].reads_left = 1; /* held until every chunk is queued */
 	m->us[u].io_err = 0;
@@ -363,6 +388,16 @@ static void io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 	struct ustat *us = &m->us[u];
 
 	(void)arg;
+	if (tag->punch) {
+		free(tag);
+		if (err)
+			pager_log_errno(PAGER_LOG_ERR, err, "%s: evicting unit %u", m->name, u);
+		if (--us->punches_left == 0) {
+			released(m, u);
+			policy_advance(m); /* the freed memory may let loads start */
+		}
+		return;
+	}
 	us->bytes_read += bytes;
 	m->bytes_read += bytes;
 	if (err && !us->io_err) {
@@ -562,7 +597,9 @@ static void on_fault(struct client *c, uint64_t addr)
 	m->waiters[u] = w;
 	if (u > 0 && (unsigned)u != (unsigned)c->pos)
 		c->pos = u; /* it is here, waiting */
-	if (m->us[u].state == U_ABSENT) {
+	if (m->us[u].state == U_EVICTING) {
+		m->us[u].want_load = true;
+	} else if (m->us[u].state == U_ABSENT) {
 		/* A demand miss: the window did not cover it.  Make room. */
 		policy_advance(m);
 		if (m->us[u].state == U_ABSENT && load(m, u))
@@ -1046,6 +1083,8 @@ static char state_char(const struct model *m, unsigned u)
 	switch (m->us[u].state) {
 	case U_LOADING:
 		return 'l';
+	case U_EVICTING:
+		return 'e';
 	case U_LOADED:
 		return m->us[u].resident ? 'R' : 'L';
 	default:
@@ -1058,6 +1097,8 @@ static const char *state_name(const struct model *m, unsigned u)
 	switch (m->us[u].state) {
 	case U_LOADING:
 		return "loading";
+	case U_EVICTING:
+		return "evicting";
 	case U_LOADED:
 		return m->us[u].resident ? "resident" : "loaded";
 	default:
@@ -1151,7 +1192,7 @@ static void render_status(struct pager *p, bool json, char *out, size_t cap, siz
 		sb(&s, "  layers      [");
 		for (unsigned u = 1; u < m->lay->n_units; u++)
 			sb(&s, "%c", state_char(m, u));
-		sb(&s, "]  (R resident, L loaded, l loading, . absent; other: %c)\n",
+		sb(&s, "]  (R resident, L loaded, l loading, e evicting, . absent; other: %c)\n",
 		   state_char(m, 0));
 		sb(&s, "  read        %.1f MiB, %.0f MB/s while reading; fault wait %.1f ms\n",
 		   m->bytes_read / 1048576.0, tput, m->fault_wait_ns / 1e6);
@@ -1492,31 +1533,4 @@ void pager_destroy(struct pager *p)
 	if (p->epfd >= 0)
 		close(p->epfd);
 	free(p);
-}
-
-int pager_parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-	unsigned shift = 0;
-
-	errno = 0;
-	if (!s || !*s || *s == '-')
-		return -EINVAL;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
-	default: break;
-	}
-	if (*end == 'i' || *end == 'B')
-		end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
-	if (*end || (shift && v > (UINT64_MAX >> shift)))
-		return -EINVAL;
-	*out = (uint64_t)v << shift;
-	return 0;
 }

@@ -1,13 +1,17 @@
 /*
- * log.c - the pager's one log function.
+ * util.c - what the daemon, the client side and the tools share: the
+ * pager's one log function and size parsing.
  *
- * Messages go to a sink the daemon may replace (default: stderr with a
+ * Log messages go to a sink the daemon may replace (default: stderr with a
  * "stratad: " prefix); a level filter drops chatter.  Nothing on the fault
  * path logs above DEBUG: it counts into stats that stratactl reads instead.
  */
 #include "pager.h"
 
+#include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -56,4 +60,31 @@ void pager_log_errno(enum pager_log_level level, int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vlog(level, err, fmt, ap);
 	va_end(ap);
+}
+
+int pager_parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+	unsigned shift = 0;
+
+	errno = 0;
+	if (!s || !*s || *s == '-')
+		return -EINVAL;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': shift = 10; end++; break;
+	case 'm': case 'M': shift = 20; end++; break;
+	case 'g': case 'G': shift = 30; end++; break;
+	case 't': case 'T': shift = 40; end++; break;
+	default: break;
+	}
+	if (*end == 'i' || *end == 'B')
+		end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
+	if (*end || (shift && v > (UINT64_MAX >> shift)))
+		return -EINVAL;
+	*out = (uint64_t)v << shift;
+	return 0;
 }

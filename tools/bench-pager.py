@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Decode speed through the pager against the bound the hardware sets.
+
+  tools/bench-pager.py [--model M.gguf] [--reps 3] [--tokens 8] [--threads T]
+                       [--fractions 1,0.75,0.5,0.25] [--cgroup]
+
+Without --model it makes (once) an 8B-shaped Q4_0 model with strata-mkmodel
+under /var/tmp/strata-bench.  Each repetition measures, side by side:
+
+  storage   O_DIRECT read bandwidth of the model file (strata-iobench: the
+            pager's own chunk size and queue depth)
+  plain     `strata bench` on a plain mmap of the file (page cache warm, the
+            whole model resident): the engine's own speed, and from it the
+            compute time per token
+  pager F   `strata bench --pager` with a fraction F of the layers resident
+            (stratad --resident N), everything else streamed
+
+and prints per configuration the median decode tokens/s, the bound
+1 / max(compute time, streamed bytes per token / storage bandwidth), and the
+ratio.  --cgroup adds a run with --budget of half the model inside a memory
+cgroup limited to budget + 64 MiB, and reports its peak usage.
+Needs root for drop_caches and the cgroup.  Markdown goes to stdout.
+"""
+import argparse, json, os, signal, statistics, subprocess, sys, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B = os.path.join(ROOT, "build")
+STRATA, STRATAD = os.path.join(B, "strata"), os.path.join(B, "daemon", "stratad")
+CTL, MK = os.path.join(B, "tools", "stratactl"), os.path.join(B, "tools", "strata-mkmodel")
+IOB = os.path.join(B, "tools", "strata-iobench")
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--tokens", type=int, default=8)
+ap.add_argument("--threads", type=int, default=0)
+ap.add_argument("--fractions", default="1,0.75,0.5,0.25")
+ap.add_argument("--cgroup", action="store_true")
+a = ap.parse_args()
+
+model = a.model
+if not model:
+    os.makedirs("/var/tmp/strata-bench", exist_ok=True)
+    model = "/var/tmp/strata-bench/llama-8b-q4_0.gguf"
+    if not os.path.exists(model):
+        subprocess.run([MK, "--shape", "llama-8b", "--type", "q4_0", "-o", model], check=True)
+sock = f"/tmp/strata-bench-{os.getpid()}.sock"
+thr = ["-t", str(a.threads)] if a.threads else []
+
+
+def drop_caches():
+    subprocess.run(["sync"])
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+    except OSError:
+        pass
+
+
+def bench(extra, pre=None):
+    r = subprocess.run([STRATA, "bench", "-m", model, "-p", "16", "-n", str(a.tokens), "--json",
+                        *thr, *extra], capture_output=True, text=True, preexec_fn=pre)
+    if r.returncode:
+        sys.exit(f"bench failed: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def status():
+    r = subprocess.run([CTL, "--socket", sock, "status", "--json"], capture_output=True, text=True)
+    return json.loads(r.stdout)["models"][0] if r.returncode == 0 else None
+
+
+def daemon(args, pre=None):
+    p = subprocess.Popen([STRATAD, "--socket", sock, *args, model], stderr=subprocess.DEVNULL,
+                         preexec_fn=pre)
+    end = time.monotonic() + 120
+    # ready when every resident layer is loaded
+    while time.monotonic() < end:
+        st = status()
+        if st and sum(l["state"] == "resident" for l in st["layers"]) == \
+                st["resident_layers_planned"]:
+            return p
+        time.sleep(0.05)
+    sys.exit("stratad did not come up")
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    p.wait(30)
+
+
+fractions = [float(x) for x in a.fractions.split(",")]
+rows = {f: [] for f in fractions}
+plain, storage, streamed = [], [], {}
+n_layers = None
+for rep in range(a.reps):
+    drop_caches()
+    storage.append(json.loads(subprocess.run([IOB, model], capture_output=True, text=True,
+                                             check=True).stdout)["gbps"])
+    bench([])  # warm the page cache: the plain run measures a resident model
+    plain.append(bench([])["decode_tps"])
+    drop_caches()
+    for f in fractions:
+        if n_layers is None:
+            p = daemon(["--resident", "0"])
+            n_layers = len(status()["layers"])
+            stop(p)
+        n = round(f * n_layers)
+        p = daemon(["--resident", str(n)])
+        st = status()
+        streamed[f] = sum(l["bytes"] for l in st["layers"] if l["state"] != "resident")
+        rows[f].append(bench(["--pager", sock])["decode_tps"])
+        stop(p)
+    print(f"rep {rep + 1}: storage {storage[-1]:.2f} GB/s, plain {plain[-1]:.2f} tok/s, " +
+          ", ".join(f"{f:.0%} {rows[f][-1]:.3f}" for f in fractions), file=sys.stderr)
+
+bw = statistics.median(storage) * 1e9
+tps_plain = statistics.median(plain)
+compute = 1 / tps_plain
+size = os.path.getsize(model)
+print(f"Model: `{os.path.basename(model)}`, {size / 2**30:.2f} GiB, {n_layers} layers; "
+      f"{a.reps} repetitions, {a.tokens} decoded tokens each, medians.\n")
+print(f"- storage read bandwidth (strata-iobench, O_DIRECT, 1 MiB x 16): {bw / 1e9:.2f} GB/s "
+      f"(runs: {', '.join(f'{x:.2f}' for x in storage)})")
+print(f"- engine without the pager (plain mmap, resident): {tps_plain:.3f} tok/s "
+      f"(runs: {', '.join(f'{x:.3f}' for x in plain)}); compute time {compute * 1000:.0f} ms/token\n")
+print("| resident | streamed/token | decode tok/s (runs) | bound tok/s | ratio |")
+print("|---|---|---|---|---|")
+for f in fractions:
+    t = statistics.median(rows[f])
+    bound = 1 / max(compute, streamed[f] / bw)
+    runs = ", ".join(f"{x:.3f}" for x in rows[f])
+    note = " (vs plain)" if streamed[f] == 0 else ""
+    print(f"| {f:.0%} | {streamed[f] / 2**30:.2f} GiB | {t:.3f} ({runs}) | {bound:.3f} | "
+          f"{t / bound:.2f}{note} |")
+
+if a.cgroup:
+    cg = f"/sys/fs/cgroup/memory/strata-bench-{os.getpid()}"
+    budget = size // 2
+    limit = budget + (64 << 20)
+    os.mkdir(cg)
+    open(os.path.join(cg, "memory.limit_in_bytes"), "w").write(str(limit))
+
+    def into():
+        open(os.path.join(cg, "cgroup.procs"), "w").write(str(os.getpid()))
+
+    drop_caches()
+    p = daemon(["--budget", str(budget)], pre=into)
+    r = bench(["--pager", sock], pre=into)
+    st = status()
+    stop(p)
+    peak = int(open(os.path.join(cg, "memory.max_usage_in_bytes")).read())
+    os.rmdir(cg)
+    print(f"\nUnder a memory cgroup limited to {limit / 2**20:.0f} MiB (budget {budget / 2**20:.0f} MiB "
+          f"= half the model, + 64 MiB for the engine): {st['resident_layers_planned']} of "
+          f"{n_layers} layers resident, decode {r['decode_tps']:.3f} tok/s, prompt "
+          f"{r['prompt_tps']:.3f} tok/s, cgroup peak {peak / 2**20:.0f} MiB "
+          f"({'under' if peak < limit else 'OVER'} the limit).")
