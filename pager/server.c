@@ -681,12 +681,18 @@ static void send_error(struct client *c, int err, const char *fmt, ...)
 	send_msg(c->fd, PROTO_ERROR, buf, 4 + (uint32_t)n, -1);
 }
 
+/* End a connection; why NULL means the client left on its own. */
 static void drop_client(struct client *c, const char *why)
 {
 	if (c->dead)
 		return;
 	c->dead = true;
-	if (c->state == C_ACTIVE || c->state == C_REGISTER)
+	if (!why && c->state == C_ACTIVE)
+		pager_log(PAGER_LOG_NOTICE, "client pid %d detached from %s (%llu faults, %.1f ms waiting)",
+			  (int)c->pid, c->m->name, (unsigned long long)c->faults, c->wait_ns / 1e6);
+	else if (!why)
+		pager_log(PAGER_LOG_INFO, "connection from pid %d closed", (int)c->pid);
+	else if (c->state == C_ACTIVE || c->state == C_REGISTER)
 		pager_log(PAGER_LOG_NOTICE, "client pid %d (%s) dropped: %s", (int)c->pid,
 			  c->m ? c->m->name : "-", why);
 	else
@@ -929,7 +935,7 @@ static void on_sock(struct client *c)
 	if (n <= 0) {
 		for (int i = 0; i < nfd; i++)
 			close(fds[i]);
-		drop_client(c, n == 0 ? "it closed the connection" : "read error");
+		drop_client(c, n == 0 ? NULL : "read error on its socket");
 		return;
 	}
 	if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < PROTO_HDR_SIZE ||

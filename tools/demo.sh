@@ -1,11 +1,30 @@
 #!/usr/bin/env bash
-# The main job in one command: install dependencies, build, and generate.
+# The main job in one command: install dependencies, build, start the pager
+# daemon with a memory budget, generate through it, and show residency.
+#
 #   tools/demo.sh [MODEL.gguf [PROMPT]]
-# Without a model it uses the fixture stories260K.gguf from ../shared.
+#
+# Without a model it makes a synthetic 1B-shaped Q4_0 model (random weights:
+# the text is noise, the streaming is real) under /var/tmp/strata-demo.
+# BUDGET (bytes or 512M/2G...) defaults to half the model, so half of it
+# streams from storage while it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/deps.sh
 tools/build.sh
-model=${1:-../shared/fixtures/models/stories260K.gguf}
+model=${1:-}
 prompt=${2:-Once upon a time}
-exec build/engine/strata run -m "$model" -p "$prompt" -n 128
+if [ -z "$model" ]; then
+	mkdir -p /var/tmp/strata-demo
+	model=/var/tmp/strata-demo/llama-1b-q4_0.gguf
+	[ -f "$model" ] || build/tools/strata-mkmodel --shape llama-1b --type q4_0 -o "$model"
+fi
+budget=${BUDGET:-$(( $(stat -c %s "$model") / 2 ))}
+sock=$(mktemp -u /tmp/strata-demo-XXXXXX.sock)
+build/daemon/stratad --socket "$sock" --budget "$budget" "$model" &
+daemon=$!
+trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
+for _ in $(seq 300); do [ -S "$sock" ] && break; kill -0 $daemon || exit 1; sleep 0.1; done
+build/strata run --pager "$sock" -m "$model" -p "$prompt" -n 64
+echo
+build/tools/stratactl --socket "$sock" status
