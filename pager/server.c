@@ -438,7 +438,9 @@ static void plan(struct model *m)
 		uint64_t avg = L ? (m->lay->map_size - m->lay->units[0].bytes) / L : 0;
 		unsigned w = p->window < L ? p->window : L;
 
-		fixed = m->lay->units[0].bytes + (uint64_t)w * m->lay->max_layer_bytes;
+		/* streamed layers in memory at once: the one the engine is in,
+		 * plus the window being read ahead of it */
+		fixed = m->lay->units[0].bytes + (uint64_t)(w + 1) * m->lay->max_layer_bytes;
 		n = allow > fixed && avg ? (unsigned)((allow - fixed) / avg) : 0;
 		if (n > L)
 			n = L;

@@ -25,6 +25,6 @@ build/daemon/stratad --socket "$sock" --budget "$budget" "$model" &
 daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
 for _ in $(seq 300); do [ -S "$sock" ] && break; kill -0 $daemon || exit 1; sleep 0.1; done
-build/strata run --pager "$sock" -m "$model" -p "$prompt" -n 64
+build/strata run --pager "$sock" -m "$model" -p "$prompt" -n 32
 echo
 build/tools/stratactl --socket "$sock" status
