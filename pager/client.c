@@ -44,36 +44,6 @@ struct pager_client {
 	void (*on_lost)(const char *why);
 };
 
-static int send_msg(int fd, uint16_t type, const void *payload, uint32_t len, int pass_fd)
-{
-	uint8_t hdr[PROTO_HDR_SIZE];
-	struct iovec iov[2] = { { hdr, sizeof(hdr) }, { (void *)payload, len } };
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} cm;
-	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = len ? 2 : 1 };
-
-	proto_put_u32(hdr, PROTO_MAGIC);
-	hdr[4] = PROTO_VERSION;
-	hdr[5] = 0;
-	hdr[6] = (uint8_t)type;
-	hdr[7] = (uint8_t)(type >> 8);
-	proto_put_u32(hdr + 8, len);
-	proto_put_u32(hdr + 12, 0);
-	if (pass_fd >= 0) {
-		memset(&cm, 0, sizeof(cm));
-		mh.msg_control = cm.buf;
-		mh.msg_controllen = sizeof(cm.buf);
-		struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
-		ch->cmsg_level = SOL_SOCKET;
-		ch->cmsg_type = SCM_RIGHTS;
-		ch->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(ch), &pass_fd, sizeof(int));
-	}
-	return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)(sizeof(hdr) + len) ? 0 : -EIO;
-}
-
 /*
  * Receive one message of `want` type into buf (payload only, up to cap), and
  * at most one fd.  An ERROR from the daemon becomes its message in err.
@@ -262,7 +232,7 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	proto_put_u32(hello + 4, (uint32_t)name_len);
 	proto_put_u64(hello + 8, cfg->declared_bytes);
 	memcpy(hello + PROTO_HELLO_FIXED, cfg->model, name_len);
-	rc = send_msg(c->sock, PROTO_HELLO, hello, (uint32_t)(PROTO_HELLO_FIXED + name_len), -1);
+	rc = proto_send(c->sock, PROTO_HELLO, hello, (uint32_t)(PROTO_HELLO_FIXED + name_len), -1);
 	if (rc) {
 		snprintf(err, errlen, "cannot talk to the pager");
 		goto fail;
@@ -321,7 +291,7 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	}
 	proto_put_u64(reg, (uint64_t)(uintptr_t)c->base);
 	proto_put_u64(reg + 8, c->map_size);
-	rc = send_msg(c->sock, PROTO_REGISTER, reg, sizeof(reg), c->uffd);
+	rc = proto_send(c->sock, PROTO_REGISTER, reg, sizeof(reg), c->uffd);
 	if (rc) {
 		snprintf(err, errlen, "cannot talk to the pager");
 		goto fail;
@@ -355,7 +325,7 @@ int pager_client_declare(struct pager_client *c, uint64_t bytes)
 	uint8_t p[PROTO_DECLARE_SIZE];
 
 	proto_put_u64(p, bytes);
-	return send_msg(c->sock, PROTO_DECLARE, p, sizeof(p), -1);
+	return proto_send(c->sock, PROTO_DECLARE, p, sizeof(p), -1);
 }
 
 void pager_client_close(struct pager_client *c)
@@ -399,8 +369,8 @@ int pager_status_fetch(const char *socket_path, bool json, char **out, size_t *l
 	}
 	proto_put_u32(hello, PROTO_ROLE_CONTROL);
 	proto_put_u32(req, json ? 1 : 0);
-	if (send_msg(fd, PROTO_HELLO, hello, sizeof(hello), -1) ||
-	    send_msg(fd, PROTO_STATUS_REQ, req, sizeof(req), -1)) {
+	if (proto_send(fd, PROTO_HELLO, hello, sizeof(hello), -1) ||
+	    proto_send(fd, PROTO_STATUS_REQ, req, sizeof(req), -1)) {
 		snprintf(err, errlen, "cannot talk to the pager");
 		rc = -EIO;
 		goto out;

@@ -121,6 +121,10 @@ struct proto_hdr {
 };
 _Static_assert(sizeof(struct proto_hdr) == PROTO_HDR_SIZE, "wire header");
 
+/* Send one message (header + payload, and pass_fd unless it is -1) without
+ * blocking; 0 or -EIO. */
+int proto_send(int fd, uint16_t type, const void *payload, uint32_t len, int pass_fd);
+
 static inline uint64_t proto_get_u64(const uint8_t *p)
 {
 	uint64_t v = 0;

@@ -634,38 +634,6 @@ static void on_uffd(struct client *c)
 
 /* ---- clients and the protocol ----------------------------------------- */
 
-static int send_msg(int fd, uint16_t type, const void *payload, uint32_t len, int pass_fd)
-{
-	uint8_t hdr[PROTO_HDR_SIZE];
-	struct iovec iov[2] = { { hdr, sizeof(hdr) }, { (void *)payload, len } };
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} cm;
-	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = len ? 2 : 1 };
-
-	proto_put_u32(hdr, PROTO_MAGIC);
-	hdr[4] = PROTO_VERSION;
-	hdr[5] = 0;
-	hdr[6] = (uint8_t)type;
-	hdr[7] = (uint8_t)(type >> 8);
-	proto_put_u32(hdr + 8, len);
-	proto_put_u32(hdr + 12, 0);
-	if (pass_fd >= 0) {
-		memset(&cm, 0, sizeof(cm));
-		mh.msg_control = cm.buf;
-		mh.msg_controllen = sizeof(cm.buf);
-		struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
-		ch->cmsg_level = SOL_SOCKET;
-		ch->cmsg_type = SCM_RIGHTS;
-		ch->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(ch), &pass_fd, sizeof(int));
-	}
-	if (sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(sizeof(hdr) + len))
-		return -errno ? -errno : -EIO;
-	return 0;
-}
-
 static void send_error(struct client *c, int err, const char *fmt, ...)
 {
 	char buf[300];
@@ -680,7 +648,7 @@ static void send_error(struct client *c, int err, const char *fmt, ...)
 		n = 0;
 	if ((size_t)n > sizeof(buf) - 5)
 		n = (int)sizeof(buf) - 5;
-	send_msg(c->fd, PROTO_ERROR, buf, 4 + (uint32_t)n, -1);
+	proto_send(c->fd, PROTO_ERROR, buf, 4 + (uint32_t)n, -1);
 }
 
 /* End a connection; why NULL means the client left on its own. */
@@ -822,7 +790,7 @@ static void on_hello(struct client *c, const uint8_t *pl, uint32_t len)
 	proto_put_u32(mp + 16, m->lay->n_units);
 	proto_put_u32(mp + 20, (uint32_t)m->lay->page);
 	proto_put_u64(mp + 24, m->idx);
-	if (send_msg(c->fd, PROTO_MODEL, mp, sizeof(mp), m->memfd))
+	if (proto_send(c->fd, PROTO_MODEL, mp, sizeof(mp), m->memfd))
 		drop_client(c, "cannot send MODEL");
 	c->m = m;
 	c->state = C_REGISTER;
@@ -884,7 +852,7 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 			mapped++;
 		}
 	proto_put_u32(ready, mapped);
-	if (!c->dead && send_msg(c->fd, PROTO_READY, ready, sizeof(ready), -1))
+	if (!c->dead && proto_send(c->fd, PROTO_READY, ready, sizeof(ready), -1))
 		drop_client(c, "cannot send READY");
 }
 
@@ -904,7 +872,7 @@ static void on_status_req(struct client *c, const uint8_t *pl, uint32_t len)
 		return;
 	}
 	render_status(c->p, proto_get_u32(pl) == 1, buf, cap, &n);
-	if (send_msg(c->fd, PROTO_STATUS, buf, (uint32_t)n, -1))
+	if (proto_send(c->fd, PROTO_STATUS, buf, (uint32_t)n, -1))
 		drop_client(c, "cannot send STATUS");
 	free(buf);
 }

@@ -1,12 +1,13 @@
 /*
  * util.c - what the daemon, the client side and the tools share: the
- * pager's one log function and size parsing.
+ * pager's one log function, sending a protocol message, size parsing.
  *
  * Log messages go to a sink the daemon may replace (default: stderr with a
  * "stratad: " prefix); a level filter drops chatter.  Nothing on the fault
  * path logs above DEBUG: it counts into stats that stratactl reads instead.
  */
 #include "pager.h"
+#include "proto_i.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 
 static void default_sink(enum pager_log_level level, const char *msg)
 {
@@ -87,4 +89,36 @@ int pager_parse_size(const char *s, uint64_t *out)
 		return -EINVAL;
 	*out = (uint64_t)v << shift;
 	return 0;
+}
+
+/* One message: header, payload and at most one descriptor (see proto_i.h). */
+int proto_send(int fd, uint16_t type, const void *payload, uint32_t len, int pass_fd)
+{
+	uint8_t hdr[PROTO_HDR_SIZE];
+	struct iovec iov[2] = { { hdr, sizeof(hdr) }, { (void *)payload, len } };
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cm;
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = len ? 2 : 1 };
+
+	proto_put_u32(hdr, PROTO_MAGIC);
+	hdr[4] = PROTO_VERSION;
+	hdr[5] = 0;
+	hdr[6] = (uint8_t)type;
+	hdr[7] = (uint8_t)(type >> 8);
+	proto_put_u32(hdr + 8, len);
+	proto_put_u32(hdr + 12, 0);
+	if (pass_fd >= 0) {
+		memset(&cm, 0, sizeof(cm));
+		mh.msg_control = cm.buf;
+		mh.msg_controllen = sizeof(cm.buf);
+		struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+		ch->cmsg_level = SOL_SOCKET;
+		ch->cmsg_type = SCM_RIGHTS;
+		ch->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(ch), &pass_fd, sizeof(int));
+	}
+	/* never blocks the daemon's loop; a full socket buffer is a dead peer */
+	return sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(sizeof(hdr) + len) ? 0 : -EIO;
 }
