@@ -398,7 +398,10 @@ static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
  * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
  * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
  * no saturation), then madd with the sub-block scale into int32 lanes.  The
- * mins term is 16 scalar multiply-adds on bsums.
+ * mins term is accumulated as ggml's AVX2 kernel does it (the reference
+ * engine's results depend on the float order): bsums summed in pairs (hadd),
+ * times the mins (madd) into 4 int32 lanes, one FMA per block with -dmin,
+ * and those 4 lanes added to the total at the end.
  */
 static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a, bool five)
 {
@@ -408,22 +411,28 @@ static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a,
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 	const __m256i sixteen = _mm256_set1_epi8(16);
 	__m256 acc = _mm256_setzero_ps();
-	float accm = 0.0f;
+	__m128 acc_m = _mm_setzero_ps();
 
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		const uint8_t *qs = five ? x5[i].qs : x4[i].qs;
 		const uint8_t *scales = five ? x5[i].scales : x4[i].scales;
 		const float d = y[i].d * fp16(five ? x5[i].d : x4[i].d);
-		const float dmin = y[i].d * fp16(five ? x5[i].dmin : x4[i].dmin);
+		const float dmin = -y[i].d * fp16(five ? x5[i].dmin : x4[i].dmin);
 		const int8_t *q8 = y[i].qs;
 		__m256i hbits = _mm256_setzero_si256();
 		__m256i sumi = _mm256_setzero_si256();
 		uint8_t sc[8], mn[8];
-		int summ = 0;
+		int16_t mn16[8];
 
 		k4_unpack(scales, sc, mn);
-		for (int j = 0; j < ENG_QK_K / 16; j++)
-			summ += y[i].bsums[j] * mn[j / 2];
+		for (int j = 0; j < 8; j++)
+			mn16[j] = mn[j];
+		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
+		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+						   _mm256_extracti128_si256(bs, 1));
+		const __m128i prod = _mm_madd_epi16(_mm_loadu_si128((const void *)mn16), q8s);
+
+		acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
 		if (five)
 			hbits = _mm256_loadu_si256((const void *)x5[i].qh);
 
@@ -451,9 +460,10 @@ static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a,
 			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
 		}
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-		accm += dmin * (float)summ;
 	}
-	*out = hsum_f32x8(acc) - accm;
+	acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+	acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+	*out = hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
 }
 
 static void vec_dot_q4_k_q8_k(size_t n, float *out, const void *w, const void *a)
