@@ -55,7 +55,6 @@
 #include <unistd.h>
 #ifdef HAVE_NUMA
 #include <numa.h>
-#include <sched.h>
 #endif
 
 #define IO_DEPTH 16
@@ -104,6 +103,7 @@ struct model {
 	uint64_t bytes_read;
 	uint64_t fault_wait_ns;
 	unsigned n_clients;
+	int node;                /* NUMA node the image is bound to, -1 none */
 };
 
 enum cstate { C_HELLO, C_REGISTER, C_ACTIVE, C_CONTROL };
@@ -297,6 +297,7 @@ static int uffd_continue(struct client *c, uint64_t off, uint64_t len)
 }
 
 static void drop_client(struct client *c, const char *why);
+static void place(struct model *m, pid_t pid);
 
 /* Map unit u into client c: whole extents, minus tripwires for streamed
  * layers (so the first touch tells us the engine arrived). */
@@ -842,6 +843,8 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 	}
 	c->state = C_ACTIVE;
 	c->pos = -1;
+	if (m->n_clients == 1)
+		place(m, c->pid);
 	pager_log(PAGER_LOG_NOTICE, "client pid %d attached to %s (declares %.1f MiB)", (int)c->pid,
 		  m->name, c->declared / 1048576.0);
 	plan(m);
@@ -1188,6 +1191,53 @@ static void render_status(struct pager *p, bool json, char *out, size_t cap, siz
 	*len = s.len;
 }
 
+/* ---- NUMA placement --------------------------------------------------- */
+
+/*
+ * Bind the model's image to the node process pid runs on, and issue the
+ * reads from there: new pages of the memfd come from that node (pages
+ * already read stay where they are; moving them would cost more than the
+ * remote reads they save).  Called at start-up for the daemon itself and
+ * again for a model's first client.  A no-op without libnuma or on a
+ * one-node machine.
+ */
+static void place(struct model *m, pid_t pid)
+{
+#ifdef HAVE_NUMA
+	char path[64], buf[1024], *p;
+	int cpu = -1, node, fd;
+	ssize_t n;
+
+	if (numa_available() < 0 || numa_max_node() == 0)
+		return;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	if (n <= 0)
+		return;
+	buf[n] = '\0';
+	/* "processor" is field 39; fields after the ")" of comm start at 3 */
+	p = strrchr(buf, ')');
+	for (int f = 2; p && f < 39; f++)
+		p = strchr(p + 1, ' ');
+	if (p)
+		cpu = atoi(p + 1);
+	node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
+	if (node < 0 || node == m->node)
+		return;
+	m->node = node;
+	numa_tonode_memory(m->map, m->lay->map_size, node);
+	numa_run_on_node(node);
+	pager_log(PAGER_LOG_INFO, "%s: memory and reads on node %d (pid %d runs there)", m->name,
+		  node, (int)pid);
+#else
+	(void)m;
+	(void)pid;
+#endif
+}
+
 /* ---- set-up ----------------------------------------------------------- */
 
 static int open_model(struct pager *p, struct model *m, const char *path, char *err,
@@ -1251,16 +1301,8 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 		snprintf(err, errlen, "%s: mapping the memfd: %s", path, strerror(errno));
 		return -errno;
 	}
-#ifdef HAVE_NUMA
-	/* Place the image's pages on our node (clients run where we start
-	 * them; on one-node machines this is a no-op). */
-	if (numa_available() >= 0) {
-		int node = numa_node_of_cpu(sched_getcpu());
-
-		if (node >= 0)
-			numa_tonode_memory(m->map, m->lay->map_size, node);
-	}
-#endif
+	m->node = -1;
+	place(m, getpid()); /* until a client says where it runs */
 	m->us = calloc(m->lay->n_units, sizeof(*m->us));
 	m->waiters = calloc(m->lay->n_units, sizeof(*m->waiters));
 	if (!m->us || !m->waiters) {
