@@ -1104,6 +1104,21 @@ static void __attribute__((format(printf, 2, 3))) sb(struct sbuf *s, const char 
 		s->len = s->len + (size_t)n < s->cap ? s->len + (size_t)n : s->cap;
 }
 
+/* s as the body of a JSON string (file names may hold anything). */
+static void sb_json(struct sbuf *b, const char *s)
+{
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			sb(b, "\\%c", ch);
+		else if (ch < 0x20)
+			sb(b, "\\u%04x", ch);
+		else
+			sb(b, "%c", ch);
+	}
+}
+
 static void render_status(struct pager *p, bool json, char *out, size_t cap, size_t *len)
 {
 	struct sbuf s = { out, cap, 0 };
@@ -1124,13 +1139,17 @@ static void render_status(struct pager *p, bool json, char *out, size_t cap, siz
 			read_all += p->models[j].bytes_read;
 		double tput = busy > 0 ? read_all / busy / 1e6 : 0;
 		if (json) {
-			sb(&s, "%s{\"name\": \"%s\", \"path\": \"%s\", \"file_bytes\": %llu, "
+			sb(&s, "%s{\"name\": \"", i ? ", " : "");
+			sb_json(&s, m->name);
+			sb(&s, "\", \"path\": \"");
+			sb_json(&s, m->real);
+			sb(&s, "\", \"file_bytes\": %llu, "
 			       "\"budget_bytes\": %llu, \"allowance_bytes\": %llu, "
 			       "\"resident_bytes\": %llu, \"resident_layers_planned\": %u, "
 			       "\"bytes_read\": %llu, \"read_mbps\": %.1f, \"fault_wait_ms\": %.3f, "
 			       "\"other\": {\"state\": \"%s\", \"bytes\": %llu, \"loads\": %llu, "
 			       "\"faults\": %llu}, \"layers\": [",
-			   i ? ", " : "", m->name, m->real, (unsigned long long)m->lay->file_size,
+			   (unsigned long long)m->lay->file_size,
 			   (unsigned long long)p->cfg.budget,
 			   (unsigned long long)(allowance(m) == UINT64_MAX ? 0 : allowance(m)),
 			   (unsigned long long)resident, m->n_resident,
