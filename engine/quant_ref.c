@@ -382,13 +382,38 @@ static void q5_k_to_float(const void *src, float *dst, size_t n)
  * lane sums (aux32), scaled per super-block into 8 float lane sums, and the
  * lanes are added only at the end.  The mins term uses Q8_K's bsums.
  */
+/*
+ * The reference engine ran ggml's x86 K-quant kernels, whose float order its
+ * results carry: a block is summed in 8 int32 lanes (lane k of each
+ * 32-element chunk takes elements 4k..4k+3 times their scale), each block
+ * adds d * lane into a float lane with one fused multiply-add, and the lanes
+ * are summed at the end as (x4+x0)+(x6+x2) + (x5+x1)+(x7+x3).  The integer
+ * parts are exact whatever the order; this keeps the float parts identical
+ * to the reference and to quant_avx2.c.
+ */
+static void lanes_add(int32_t lane[8], const int8_t *q, const int8_t *y, int scale_lo,
+		      int scale_hi)
+{
+	for (int k = 0; k < 8; k++) {
+		int s = 0;
+
+		for (int e = 4 * k; e < 4 * k + 4; e++)
+			s += q[e] * y[e];
+		lane[k] += (k < 4 ? scale_lo : scale_hi) * s;
+	}
+}
+
+static float lanes_sum(const float x[8])
+{
+	return ((x[4] + x[0]) + (x[6] + x[2])) + ((x[5] + x[1]) + (x[7] + x[3]));
+}
+
 static void vec_dot_q45_k(size_t n, float *out, const void *w, const void *a, bool five)
 {
 	const struct eng_block_q8_k *y = a;
 	const struct eng_block_q4_k *x4 = w;
 	const struct eng_block_q5_k *x5 = w;
-	float sums[8] = { 0 };
-	float sumf = 0.0f;
+	float acc[8] = { 0 }, acc_m[4] = { 0 };
 
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		/* Q5_K is Q4_K with qh inserted before qs. */
@@ -397,9 +422,8 @@ static void vec_dot_q45_k(size_t n, float *out, const void *w, const void *a, bo
 		const uint8_t *scales = five ? x5[i].scales : x4[i].scales;
 		const uint8_t *q4 = five ? x5[i].qs : x4[i].qs;
 		const uint8_t *qh = five ? x5[i].qh : NULL;
-		const int8_t *q8 = y[i].qs;
 		int8_t aux8[ENG_QK_K], *p = aux8;
-		int32_t aux32[8] = { 0 };
+		int32_t lane[8] = { 0 };
 		uint8_t sc[8], mn[8];
 		unsigned m = 1;
 
@@ -417,30 +441,21 @@ static void vec_dot_q45_k(size_t n, float *out, const void *w, const void *a, bo
 		for (int j = 0; j < 8; j++)
 			k4_scale_min(j, scales, &sc[j], &mn[j]);
 
-		int sumi = 0;
-		for (int j = 0; j < ENG_QK_K / 16; j++)
-			sumi += y[i].bsums[j] * mn[j / 2];
+		/* mins: bsums in pairs, times the mins, in 4 lanes */
+		const float dmin = -y[i].d * eng_fp16_to_fp32(xdmin);
+		for (int k = 0; k < 4; k++) {
+			const int s0 = y[i].bsums[4 * k] + y[i].bsums[4 * k + 1];
+			const int s1 = y[i].bsums[4 * k + 2] + y[i].bsums[4 * k + 3];
 
-		p = aux8;
-		for (int j = 0; j < ENG_QK_K / 32; j++) {
-			const int32_t scale = sc[j];
-
-			for (int k = 0; k < 4; k++) {
-				for (int l = 0; l < 8; l++)
-					aux32[l] += scale * (int16_t)(q8[l] * p[l]);
-				q8 += 8;
-				p += 8;
-			}
+			acc_m[k] = fmaf(dmin, (float)(mn[2 * k] * s0 + mn[2 * k + 1] * s1), acc_m[k]);
 		}
-		const float d = eng_fp16_to_fp32(xd) * y[i].d;
-		for (int l = 0; l < 8; l++)
-			sums[l] += d * (float)aux32[l];
-		const float dmin = eng_fp16_to_fp32(xdmin) * y[i].d;
-		sumf -= dmin * (float)sumi;
+		for (int t = 0; t < 8; t++)
+			lanes_add(lane, aux8 + 32 * t, y[i].qs + 32 * t, sc[t], sc[t]);
+		const float d = y[i].d * eng_fp16_to_fp32(xd);
+		for (int k = 0; k < 8; k++)
+			acc[k] = fmaf(d, (float)lane[k], acc[k]);
 	}
-	for (int l = 0; l < 8; l++)
-		sumf += sums[l];
-	*out = sumf;
+	*out = lanes_sum(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
 }
 
 static void vec_dot_q4_k_q8_k(size_t n, float *out, const void *w, const void *a)
@@ -498,14 +513,12 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 {
 	const struct eng_block_q6_k *x = w;
 	const struct eng_block_q8_k *y = a;
-	float sums[8] = { 0 };
-	float sumf = 0.0f;
+	float acc[8] = { 0 };
 
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		const uint8_t *ql = x[i].ql, *qh = x[i].qh;
-		const int8_t *q8 = y[i].qs;
 		int8_t aux8[ENG_QK_K], *p = aux8;
-		int32_t aux32[8] = { 0 };
+		int32_t lane[8] = { 0 };
 
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			for (int l = 0; l < 32; l++) {
@@ -518,24 +531,15 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 			ql += 64;
 			qh += 32;
 		}
-		p = aux8;
-		for (int j = 0; j < ENG_QK_K / 16; j++) {
-			const int scale = x[i].scales[j];
-
-			for (int k = 0; k < 2; k++) {
-				for (int l = 0; l < 8; l++)
-					aux32[l] += scale * (int16_t)(q8[l] * p[l]);
-				q8 += 8;
-				p += 8;
-			}
-		}
-		const float d = eng_fp16_to_fp32(x[i].d) * y[i].d;
-		for (int l = 0; l < 8; l++)
-			sums[l] += d * (float)aux32[l];
+		/* chunk t: elements 0-15 use scale 2t, 16-31 scale 2t+1 */
+		for (int t = 0; t < 8; t++)
+			lanes_add(lane, aux8 + 32 * t, y[i].qs + 32 * t, x[i].scales[2 * t],
+				  x[i].scales[2 * t + 1]);
+		const float d = y[i].d * eng_fp16_to_fp32(x[i].d);
+		for (int k = 0; k < 8; k++)
+			acc[k] = fmaf(d, (float)lane[k], acc[k]);
 	}
-	for (int l = 0; l < 8; l++)
-		sumf += sums[l];
-	*out = sumf;
+	*out = lanes_sum(acc);
 }
 
 /* ---- the table -------------------------------------------------------- */
