@@ -550,6 +550,47 @@ static int split_symbols(struct scratch *sc, size_t n, size_t *nsym)
 
 /* ---- SPM -------------------------------------------------------------- */
 
+typedef int (*pair_try_fn)(const struct eng_tokenizer *t, struct scratch *sc, int left,
+			   int right);
+
+/*
+ * The merge loop both tokenizers share: queue every adjacent pair that
+ * `try` accepts (SPM: the joined text is a token, ranked by score; BPE: the
+ * pair is a merge, ranked by merge rank), then repeatedly join the best one
+ * and offer its new neighbours.  A queued pair is stale when one side was
+ * merged away or grew since; since the right symbol always starts where the
+ * left one ends, equal lengths mean equal texts (llama.cpp compares texts).
+ */
+static int merge(const struct eng_tokenizer *t, struct scratch *sc, size_t nsym, pair_try_fn try)
+{
+	int rc;
+
+	sc->heap.n = 0;
+	for (size_t i = 1; i < nsym; i++) {
+		rc = try(t, sc, (int)i - 1, (int)i);
+		if (rc)
+			return rc;
+	}
+	while (sc->heap.n) {
+		struct bigram b = heap_pop(&sc->heap);
+		struct sym *l = &sc->sym[b.left], *r = &sc->sym[b.right];
+
+		if (!l->n || !r->n || l->n + r->n != b.size)
+			continue;
+		l->n += r->n;
+		r->n = 0;
+		l->next = r->next;
+		if (r->next >= 0)
+			sc->sym[r->next].prev = b.left;
+		rc = try(t, sc, l->prev, b.left);
+		if (!rc)
+			rc = try(t, sc, b.left, l->next);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 static int spm_try(const struct eng_tokenizer *t, struct scratch *sc, int left, int right)
 {
 	struct bigram b;
@@ -593,30 +634,9 @@ static int spm_fragment(const struct eng_tokenizer *t, const char *s, size_t n, 
 	if (!nsym)
 		return 0;
 
-	sc->heap.n = 0;
-	for (size_t i = 1; i < nsym; i++) {
-		rc = spm_try(t, sc, (int)i - 1, (int)i);
-		if (rc)
-			return rc;
-	}
-	while (sc->heap.n) {
-		struct bigram b = heap_pop(&sc->heap);
-		struct sym *l = &sc->sym[b.left], *r = &sc->sym[b.right];
-
-		/* stale: one side was merged away or grew since */
-		if (!l->n || !r->n || l->n + r->n != b.size)
-			continue;
-		l->n += r->n;
-		r->n = 0;
-		l->next = r->next;
-		if (r->next >= 0)
-			sc->sym[r->next].prev = b.left;
-		rc = spm_try(t, sc, l->prev, b.left);
-		if (!rc)
-			rc = spm_try(t, sc, b.left, l->next);
-		if (rc)
-			return rc;
-	}
+	rc = merge(t, sc, nsym, spm_try);
+	if (rc)
+		return rc;
 
 	/* Every merged symbol is a token (merges are only made into tokens), so
 	 * llama.cpp's re-segmentation through rev_merge never applies: what is
@@ -779,31 +799,9 @@ static int bpe_word(const struct eng_tokenizer *t, struct scratch *sc, size_t n,
 	rc = split_symbols(sc, n, &nsym);
 	if (rc)
 		return rc;
-	sc->heap.n = 0;
-	for (size_t i = 1; i < nsym; i++) {
-		rc = bpe_try(t, sc, (int)i - 1, (int)i);
-		if (rc)
-			return rc;
-	}
-	while (sc->heap.n) {
-		struct bigram b = heap_pop(&sc->heap);
-		struct sym *l = &sc->sym[b.left], *r = &sc->sym[b.right];
-
-		/* llama.cpp compares texts; since the right symbol always starts
-		 * where the left ends, equal lengths mean equal texts */
-		if (!l->n || !r->n || l->n + r->n != b.size)
-			continue;
-		l->n += r->n;
-		r->n = 0;
-		l->next = r->next;
-		if (r->next >= 0)
-			sc->sym[r->next].prev = b.left;
-		rc = bpe_try(t, sc, l->prev, b.left);
-		if (!rc)
-			rc = bpe_try(t, sc, b.left, l->next);
-		if (rc)
-			return rc;
-	}
+	rc = merge(t, sc, nsym, bpe_try);
+	if (rc)
+		return rc;
 	for (size_t i = 0; i < nsym; i++) {
 		const struct sym *y = &sc->sym[i];
 
