@@ -156,8 +156,8 @@ static int connect_to(const char *path, char *err, size_t errlen)
 
 static void default_lost(const char *why)
 {
-	char buf[256];
-	int n = snprintf(buf, sizeof(buf), "strata: pager daemon died: %s\n", why);
+	char buf[400];
+	int n = snprintf(buf, sizeof(buf), "strata: %s\n", why);
 
 	if (n > 0 && write(STDERR_FILENO, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf)) < 0)
 		n = 0;
@@ -173,7 +173,7 @@ static void *watchdog(void *arg)
 		if (poll(pfd, 2, -1) < 0) {
 			if (errno == EINTR)
 				continue;
-			c->on_lost("cannot watch the daemon connection");
+			c->on_lost("pager connection lost: cannot watch it");
 		}
 		if (pfd[1].revents)
 			return NULL;
@@ -184,13 +184,13 @@ static void *watchdog(void *arg)
 			ssize_t n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT);
 
 			if (n > PROTO_HDR_SIZE + 4 && buf[6] == PROTO_ERROR) {
-				static char why[300];
+				static char why[400];
 
-				snprintf(why, sizeof(why), "it dropped this client: %.*s",
+				snprintf(why, sizeof(why), "the pager dropped this engine: %.*s",
 					 (int)(n - PROTO_HDR_SIZE - 4), buf + PROTO_HDR_SIZE + 4);
 				c->on_lost(why);
 			}
-			c->on_lost("the connection closed");
+			c->on_lost("pager daemon died (its connection closed)");
 		}
 	}
 }

@@ -74,7 +74,8 @@ struct pager_client_config {
 	uint64_t declared_bytes;  /* the client's own memory (KV cache, buffers) */
 	/* Called from the watchdog thread when the daemon goes away; must not
 	 * return (the process cannot compute safely any more).  NULL: print
-	 * "strata: pager daemon died: WHY" and _exit(2). */
+	 * "strata: WHY" and _exit(2); WHY is "pager daemon died (...)" or
+	 * "the pager dropped this engine: REASON". */
 	void (*on_lost)(const char *why);
 };
 

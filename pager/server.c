@@ -652,11 +652,14 @@ static void send_error(struct client *c, int err, const char *fmt, ...)
 	proto_send(c->fd, PROTO_ERROR, buf, 4 + (uint32_t)n, -1);
 }
 
-/* End a connection; why NULL means the client left on its own. */
+/* End a connection; why NULL means the client left on its own.  An engine
+ * is told why before its socket closes (its watchdog prints it). */
 static void drop_client(struct client *c, const char *why)
 {
 	if (c->dead)
 		return;
+	if (why && c->state == C_ACTIVE)
+		send_error(c, EIO, "%s", why);
 	c->dead = true;
 	if (!why && c->state == C_ACTIVE)
 		pager_log(PAGER_LOG_NOTICE, "client pid %d detached from %s (%llu faults, %.1f ms waiting)",

@@ -11,6 +11,8 @@
               with a message
   stale       a stale socket left by a killed daemon is replaced; a live one is
               refused; SIGTERM removes the socket
+  unreadable  a model file truncated under the daemon: the engine stops with the
+              daemon's reason, the daemon keeps serving
 
 Every wait is for a condition (a status field, a line of output, a process
 exit) with a deadline, never a fixed sleep.
@@ -313,8 +315,26 @@ def case_stale():
     check("stale: SIGTERM removes the socket", d2.p.returncode == 0 and not os.path.exists(sock))
 
 
+def case_unreadable():
+    src = os.path.join(FIX, "models", "stories260K.gguf")
+    model = os.path.join(TMP, "shrinking.gguf")
+    with open(src, "rb") as f, open(model, "wb") as g:
+        g.write(f.read())
+    d = Daemon([model], "--resident", "0")
+    os.truncate(model, 600000)  # layers 2 and up are gone
+    r = run_eval(model, tokens_of("stories260K.gguf"), os.path.join(TMP, "x"), d.sock)
+    alive = d.p.poll() is None and d.status() is not None
+    d.stop()
+    check("unreadable: the engine exits 2", r.returncode == 2, str(r.returncode))
+    check("unreadable: with the daemon's reason",
+          "the pager dropped this engine: the model file could not be read" in r.stderr,
+          r.stderr.strip())
+    check("unreadable: the daemon keeps serving", alive)
+
+
 CASES = {"identical": case_identical, "share": case_share, "garbage": case_garbage,
-         "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale}
+         "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
+         "unreadable": case_unreadable}
 
 for name in sys.argv[1:] or CASES:
     try:
