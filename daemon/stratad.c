@@ -6,7 +6,8 @@
  *
  * Everything it does lives in the pager library (pager/server.c); this file
  * parses options, reports what went wrong in one line, and runs the loop.
- * SIGTERM and SIGINT stop it cleanly (the socket is removed).
+ * SIGTERM and SIGINT stop it cleanly (the socket is removed); SIGUSR1 sheds
+ * resident layers as memory pressure does, SIGUSR2 restores them.
  */
 #include "pager.h"
 
@@ -24,7 +25,10 @@ static const char usage_text[] =
 	"                  or with a K/M/G suffix (default: no limit, all resident)\n"
 	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
 	"  --window N      streamed layers read ahead (default 2)\n"
-	"  --verbose       log every eviction and load\n";
+	"  --verbose       log every eviction and load\n"
+	"\n"
+	"Signals: TERM/INT stop, USR1 sheds a quarter of the resident layers,\n"
+	"USR2 restores them.\n";
 
 int main(int argc, char **argv)
 {

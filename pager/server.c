@@ -1028,7 +1028,13 @@ static void on_accept(struct pager *p)
 
 /* ---- memory pressure -------------------------------------------------- */
 
-static void on_pressure(struct pager *p)
+/*
+ * Memory pressure (a PSI trigger, or SIGUSR1 from an operator who wants
+ * memory back now): demote a quarter of each model's resident layers to
+ * streaming; their pages are evicted as soon as no engine needs them.  The
+ * demotion stays until restore (SIGUSR2).
+ */
+static void on_pressure(struct pager *p, const char *what)
 {
 	p->pressure_events++;
 	for (unsigned i = 0; i < p->n_models; i++) {
@@ -1039,8 +1045,21 @@ static void on_pressure(struct pager *p)
 		plan(m);
 		if (m->n_resident < before)
 			pager_log(PAGER_LOG_NOTICE,
-				  "%s: memory pressure: %u resident layers now stream (%u left)",
-				  m->name, before - m->n_resident, m->n_resident);
+				  "%s: %s: %u resident layers now stream (%u left)",
+				  m->name, what, before - m->n_resident, m->n_resident);
+		policy_advance(m);
+	}
+}
+
+static void on_restore(struct pager *p)
+{
+	for (unsigned i = 0; i < p->n_models; i++) {
+		struct model *m = &p->models[i];
+
+		m->shed = 0;
+		plan(m);
+		pager_log(PAGER_LOG_NOTICE, "%s: residency restored (%u layers resident)", m->name,
+			  m->n_resident);
 		policy_advance(m);
 	}
 }
@@ -1458,6 +1477,8 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGUSR1);
+	sigaddset(&mask, SIGUSR2);
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	p->sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
 	p->psifd = open_psi();
@@ -1513,7 +1534,13 @@ int pager_run(struct pager *p)
 			case EV_SIGNAL: {
 				struct signalfd_siginfo si;
 
-				if (read(p->sfd, &si, sizeof(si)) == sizeof(si)) {
+				if (read(p->sfd, &si, sizeof(si)) != sizeof(si))
+					break;
+				if (si.ssi_signo == SIGUSR1) {
+					on_pressure(p, "SIGUSR1");
+				} else if (si.ssi_signo == SIGUSR2) {
+					on_restore(p);
+				} else {
 					pager_log(PAGER_LOG_NOTICE, "%s: shutting down",
 						  strsignal((int)si.ssi_signo));
 					p->stop = true;
@@ -1524,7 +1551,7 @@ int pager_run(struct pager *p)
 				pio_reap(p->io, io_done, p);
 				break;
 			case EV_PSI:
-				on_pressure(p);
+				on_pressure(p, "memory pressure");
 				break;
 			case EV_SOCK: {
 				struct client *c = EV_PTR(d);

@@ -13,6 +13,9 @@
               refused; SIGTERM removes the socket
   unreadable  a model file truncated under the daemon: the engine stops with the
               daemon's reason, the daemon keeps serving
+  shed        SIGUSR1 (the memory-pressure path) demotes resident layers while
+              an engine runs; they are evicted, results stay bit-identical;
+              SIGUSR2 restores them
 
 Every wait is for a condition (a status field, a line of output, a process
 exit) with a deadline, never a fixed sleep.
@@ -332,9 +335,47 @@ def case_unreadable():
     check("unreadable: the daemon keeps serving", alive)
 
 
+def case_shed():
+    m = long_model()
+    name = os.path.basename(m)
+    toks = ",".join(str(i) for i in range(1, 17))
+    plain = os.path.join(TMP, "shed.plain")
+    run_eval(m, toks, plain)
+    d = Daemon([m], "--resident", "1000")
+    n = len(d.model(name)["layers"])
+    e = start_engine(m, d.sock)
+    first_output(e)
+    d.p.send_signal(signal.SIGUSR1)
+    wait_for(lambda: d.model(name)["resident_layers_planned"] == n - (n + 3) // 4, 10, "shed")
+    d.p.send_signal(signal.SIGUSR1)
+    left = n - (n + 3) // 4
+    left -= (left + 3) // 4
+    wait_for(lambda: d.model(name)["resident_layers_planned"] == left, 10, "second shed")
+    # the running engine keeps going and the demoted layers get evicted
+    wait_for(lambda: sum(l["evictions"] > 0 for l in d.model(name)["layers"]) > 0, 30,
+             "evictions of demoted layers")
+    running = e.poll() is None
+    paged = os.path.join(TMP, "shed.paged")
+    r = run_eval(m, toks, paged, d.sock)
+    st = d.model(name)
+    d.p.send_signal(signal.SIGUSR2)
+    wait_for(lambda: sum(l["state"] == "resident" for l in d.model(name)["layers"]) == n, 30,
+             "restore")
+    e.kill()
+    e.wait()
+    alive = d.p.poll() is None
+    d.stop()
+    check("shed: SIGUSR1 demotes a quarter of the resident layers, twice",
+          st["resident_layers_planned"] == left, str(st["resident_layers_planned"]))
+    check("shed: the running engine keeps running", running)
+    check("shed: results through the shed pager are bit-identical",
+          r.returncode == 0 and open(paged, "rb").read() == open(plain, "rb").read(), r.stderr)
+    check("shed: SIGUSR2 restores every layer and the daemon lives on", alive)
+
+
 CASES = {"identical": case_identical, "share": case_share, "garbage": case_garbage,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
-         "unreadable": case_unreadable}
+         "unreadable": case_unreadable, "shed": case_shed}
 
 for name in sys.argv[1:] or CASES:
     try:
