@@ -1,0 +1,618 @@
+/*
+ * residency.c - what of each model is in memory, and why.
+ *
+ * Memory: each model has a memfd the size of its file (rounded to a page), a
+ * flat image of the file; the daemon maps it read-write for its own reads and
+ * clients map it read-only.  A unit (layer) is "in memory" when its pages are
+ * in the memfd; the daemon puts them there with O_DIRECT reads (io.c) and
+ * takes them out with a punch hole, which also removes them from every
+ * client's page tables.
+ *
+ * Clients register their mapping with a userfaultfd (MISSING | MINOR) and give
+ * it to the daemon.  A client touching a page that is not in the memfd raises
+ * MISSING; one touching a page that is in the memfd but not mapped into it
+ * raises MINOR.  The daemon answers either with UFFDIO_CONTINUE once the
+ * page's unit is completely read - never earlier, so a client never sees a
+ * half-written page.  Whole units are mapped with one CONTINUE as soon as
+ * they are read, so in steady state the engine takes no fault except one
+ * tripwire per streamed layer: the first page of each tensor is left
+ * unmapped, and the first fault in a layer tells the daemon where the engine
+ * is.  From that the policy reads the next streamed layers ahead and evicts
+ * the ones behind.
+ *
+ * Policy: unit 0 (everything that is not a layer) and N layers, spread evenly
+ * over the model, stay resident; the rest stream through a window of `window`
+ * layers.  N comes from --resident, or is the largest that fits the budget
+ * after the streaming window and the clients' declared memory.  Under memory
+ * pressure (PSI, or SIGUSR1) a quarter of the resident layers are demoted
+ * to streaming.
+ *
+ * Threading: the daemon's one thread; see server_i.h.
+ */
+#include "server_i.h"
+#include "proto_i.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef HAVE_NUMA
+#include <numa.h>
+#endif
+
+uint64_t pager_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- memory of units -------------------------------------------------- */
+
+/* A page of unit u that another unit also holds (a boundary page).  Such
+ * pages are never punched: a neighbour may be loading into them while an
+ * asynchronous punch is queued, and a page per boundary is cheap to keep. */
+static bool page_shared(const struct model *m, unsigned u, uint64_t off)
+{
+	for (unsigned v = 0; v < m->lay->n_units; v++)
+		if (v != u && pager_unit_has_page(&m->lay->units[v], off))
+			return true;
+	return false;
+}
+
+struct io_tag {
+	struct model *m;
+	unsigned u;
+	bool punch;
+};
+
+static int load(struct model *m, unsigned u);
+
+/* The last punch of unit u completed: its memory is free. */
+static void released(struct model *m, unsigned u)
+{
+	m->us[u].state = U_ABSENT;
+	m->mem_bytes -= m->lay->units[u].bytes;
+	if (m->us[u].want_load) {
+		m->us[u].want_load = false;
+		load(m, u);
+	}
+}
+
+/*
+ * Take unit u's pages out of memory, and with them out of every client's
+ * page tables.  The punch holes are queued on the ring; until they complete
+ * the unit is EVICTING: still counted against the budget, and not reloaded
+ * (a load racing a queued punch would lose pages).
+ */
+static void release(struct model *m, unsigned u)
+{
+	const struct pager_unit *un = &m->lay->units[u];
+	uint64_t page = m->lay->page;
+
+	m->us[u].state = U_EVICTING;
+	m->us[u].punches_left = 0;
+	for (unsigned i = 0; i < un->n_ext; i++) {
+		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
+		struct io_tag *tag;
+
+		if (page_shared(m, u, off))
+			off += page;
+		if (end > off && page_shared(m, u, end - page))
+			end -= page;
+		if (end <= off)
+			continue;
+		tag = malloc(sizeof(*tag));
+		if (!tag || pio_punch(m->p->io, m->memfd, off, end - off, tag)) {
+			free(tag);
+			pager_log(PAGER_LOG_ERR, "%s: cannot queue the eviction of layer %d", m->name,
+				  un->layer);
+			continue;
+		}
+		*tag = (struct io_tag){ m, u, true };
+		m->us[u].punches_left++;
+	}
+	if (m->us[u].punches_left == 0)
+		released(m, u);
+}
+
+static void evict(struct model *m, unsigned u)
+{
+	if (m->us[u].state != U_LOADED)
+		return;
+	release(m, u);
+	m->us[u].evictions++;
+	pager_log(PAGER_LOG_DEBUG, "%s: evicted unit %u", m->name, u);
+}
+
+static uint64_t declared_total(const struct pager *p)
+{
+	uint64_t d = 0;
+
+	for (const struct client *c = p->clients; c; c = c->next)
+		if (c->state == C_ACTIVE || c->state == C_REGISTER)
+			d += c->declared;
+	return d;
+}
+
+/* What this model may hold: its share of the budget once clients' own
+ * memory is set aside (models split the budget by size). */
+uint64_t pager_allowance(const struct model *m)
+{
+	const struct pager *p = m->p;
+	uint64_t total = 0, d = declared_total(p);
+
+	if (!p->cfg.budget)
+		return UINT64_MAX;
+	for (unsigned i = 0; i < p->n_models; i++)
+		total += p->models[i].lay->map_size;
+	if (d >= p->cfg.budget)
+		return 0;
+	return (uint64_t)((double)(p->cfg.budget - d) * m->lay->map_size / total);
+}
+
+/* ---- mapping into clients --------------------------------------------- */
+
+/* The uffd error policy, in one place: EEXIST (already mapped) is success,
+ * EAGAIN (the mm is changing) means retry, ENOENT/ESRCH/EINVAL mean the
+ * client's mapping or process is gone. */
+static int uffd_continue(struct client *c, uint64_t off, uint64_t len)
+{
+	uint64_t page = c->m->lay->page;
+
+	while (len) {
+		struct uffdio_continue uc = {
+			.range = { .start = c->base + off, .len = len },
+		};
+
+		if (ioctl(c->uffd, UFFDIO_CONTINUE, &uc) == 0)
+			return 0;
+		if (errno == EAGAIN) {
+			if (uc.mapped > 0) {
+				off += (uint64_t)uc.mapped;
+				len -= (uint64_t)uc.mapped;
+			}
+			continue;
+		}
+		if (errno == EEXIST) {
+			/* mapped counts the bytes before the existing page */
+			uint64_t skip = (uc.mapped > 0 ? (uint64_t)uc.mapped : 0) + page;
+
+			if (skip >= len)
+				return 0;
+			off += skip;
+			len -= skip;
+			continue;
+		}
+		return -errno;
+	}
+	return 0;
+}
+
+
+/* Map unit u into client c: whole extents, minus tripwires for streamed
+ * layers (so the first touch tells us the engine arrived). */
+void pager_map_unit(struct client *c, unsigned u)
+{
+	const struct model *m = c->m;
+	const struct pager_unit *un = &m->lay->units[u];
+	bool trip = !m->us[u].resident && un->layer >= 0;
+	uint64_t page = m->lay->page;
+	int rc = 0;
+
+	for (unsigned i = 0; i < un->n_ext && !rc; i++) {
+		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
+		unsigned t = 0;
+
+		while (!rc && off < end) {
+			uint64_t stop = end;
+
+			if (trip) {
+				while (t < un->n_trip && un->trip[t] < off)
+					t++;
+				if (t < un->n_trip && un->trip[t] < end)
+					stop = un->trip[t];
+			}
+			if (stop > off)
+				rc = uffd_continue(c, off, stop - off);
+			off = stop == end ? end : stop + page;
+		}
+	}
+	if (rc)
+		pager_drop_client(c, "its mapping is gone");
+}
+
+static void map_unit_everywhere(struct model *m, unsigned u)
+{
+	for (struct client *c = m->p->clients; c; c = c->next)
+		if (c->m == m && c->state == C_ACTIVE && !c->dead)
+			pager_map_unit(c, u);
+}
+
+/* ---- loading ---------------------------------------------------------- */
+
+static void wake_waiters(struct model *m, unsigned u);
+
+static int load(struct model *m, unsigned u)
+{
+	const struct pager_unit *un = &m->lay->units[u];
+	struct io_tag *tag;
+
+	if (m->us[u].state == U_EVICTING)
+		m->us[u].want_load = true;
+	if (m->us[u].state != U_ABSENT)
+		return 0;
+	tag = malloc(sizeof(*tag));
+	if (!tag)
+		return -ENOMEM;
+	*tag = (struct io_tag){ m, u, false };
+	m->us[u].state = U_LOADING;
+	m->us[u].reads_left = 1; /* held until every chunk is queued */
+	m->us[u].io_err = 0;
+	m->us[u].loads++;
+	m->mem_bytes += un->bytes;
+	for (unsigned i = 0; i < un->n_ext; i++) {
+		int n = pio_read(m->p->io, m->fd, m->map + un->ext[i].off, un->ext[i].off,
+				 un->ext[i].len, m->lay->file_size, tag);
+
+		if (n < 0) {
+			m->us[u].io_err = n;
+			break;
+		}
+		m->us[u].reads_left += (unsigned)n;
+	}
+	/* drop the hold; completes now if every chunk already finished */
+	if (--m->us[u].reads_left == 0) {
+		free(tag);
+		m->us[u].state = U_LOADED;
+		map_unit_everywhere(m, u);
+		wake_waiters(m, u);
+	}
+	return m->us[u].io_err;
+}
+
+void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
+{
+	struct io_tag *tag = tag_;
+	struct model *m = tag->m;
+	unsigned u = tag->u;
+	struct ustat *us = &m->us[u];
+
+	(void)arg;
+	if (tag->punch) {
+		free(tag);
+		if (err)
+			pager_log_errno(PAGER_LOG_ERR, err, "%s: evicting unit %u", m->name, u);
+		if (--us->punches_left == 0) {
+			released(m, u);
+			pager_policy_advance(m); /* the freed memory may let loads start */
+		}
+		return;
+	}
+	us->bytes_read += bytes;
+	m->bytes_read += bytes;
+	if (err && !us->io_err) {
+		us->io_err = err;
+		pager_log_errno(PAGER_LOG_ERR, err, "%s: reading unit %u", m->name, u);
+	}
+	if (!last || --us->reads_left)
+		return;
+	free(tag);
+	if (us->io_err) {
+		/* The data is not there: a client waiting on it cannot go on.
+		 * Drop them (they exit with a message) rather than map garbage. */
+		release(m, u);
+		for (struct waiter *w = m->waiters[u]; w; w = w->next)
+			pager_drop_client(w->c, "the model file could not be read");
+		return;
+	}
+	us->state = U_LOADED;
+	map_unit_everywhere(m, u);
+	wake_waiters(m, u);
+}
+
+/* ---- policy ----------------------------------------------------------- */
+
+/* Mark n layers resident, spread evenly (so streamed layers have resident
+ * neighbours whose compute time hides their reads). */
+void pager_plan(struct model *m)
+{
+	const struct pager *p = m->p;
+	unsigned L = m->lay->n_layers, n;
+	uint64_t allow = pager_allowance(m), fixed;
+
+	if (p->cfg.resident >= 0) {
+		n = (unsigned)p->cfg.resident < L ? (unsigned)p->cfg.resident : L;
+	} else if (!p->cfg.budget) {
+		n = L;
+	} else {
+		uint64_t avg = L ? (m->lay->map_size - m->lay->units[0].bytes) / L : 0;
+		unsigned w = p->window < L ? p->window : L;
+
+		/* streamed layers in memory at once: the one the engine is in,
+		 * plus the window being read ahead of it */
+		fixed = m->lay->units[0].bytes + (uint64_t)(w + 1) * m->lay->max_layer_bytes;
+		n = allow > fixed && avg ? (unsigned)((allow - fixed) / avg) : 0;
+		if (n > L)
+			n = L;
+		if (n + w > L) /* streaming fewer than `window` layers */
+			n = allow >= m->lay->map_size ? L : (L > w ? L - w : 0);
+	}
+	n = n > m->shed ? n - m->shed : 0;
+	m->n_resident = n;
+	m->us[0].resident = true;
+	for (unsigned l = 0; l < L; l++) {
+		/* layer l is resident when the spread count steps at l */
+		bool r = (uint64_t)(l + 1) * n / L != (uint64_t)l * n / L;
+		m->us[l + 1].resident = r;
+	}
+}
+
+/* Is streamed unit u within `window` streamed layers ahead of some client of
+ * m (or the one a client is in)? */
+static bool needed(const struct model *m, unsigned u)
+{
+	unsigned L = m->lay->n_layers;
+
+	for (const struct client *c = m->p->clients; c; c = c->next) {
+		unsigned seen = 0;
+
+		if (c->m != m || c->state != C_ACTIVE)
+			continue;
+		if (c->pos < 0) {
+			/* not located yet: it starts at layer 0 */
+			for (unsigned l = 0; l < L && seen < m->p->window; l++)
+				if (!m->us[l + 1].resident) {
+					if (l + 1 == u)
+						return true;
+					seen++;
+				}
+			continue;
+		}
+		if ((unsigned)c->pos == u)
+			return true;
+		for (unsigned k = 1; k <= L && seen < m->p->window; k++) {
+			unsigned v = (unsigned)(c->pos - 1 + k) % L + 1;
+
+			if (m->us[v].resident)
+				continue;
+			if (v == u)
+				return true;
+			seen++;
+		}
+	}
+	return false;
+}
+
+/* Bring memory in line with the plan and the clients' positions: evict what
+ * is neither resident nor needed, then load resident units and the streaming
+ * window while the allowance has room. */
+void pager_policy_advance(struct model *m)
+{
+	unsigned U = m->lay->n_units;
+	uint64_t allow = pager_allowance(m);
+
+	/* This also frees layers a shrunken plan (pressure, a new client's
+	 * declared memory) no longer keeps resident. */
+	for (unsigned u = 1; u < U; u++)
+		if (m->us[u].state == U_LOADED && !m->us[u].resident && !needed(m, u) &&
+		    !m->waiters[u])
+			evict(m, u);
+	for (unsigned u = 0; u < U; u++) {
+		if (m->us[u].state != U_ABSENT || !(m->us[u].resident || needed(m, u)))
+			continue;
+		if (m->mem_bytes + m->lay->units[u].bytes > allow && u != 0)
+			continue; /* no room now; retried at the next step */
+		if (load(m, u))
+			break;
+	}
+}
+
+/* ---- faults ----------------------------------------------------------- */
+
+static void resolve(struct client *c, uint64_t off, uint64_t since)
+{
+	struct model *m = c->m;
+	uint64_t page = m->lay->page;
+	int u = pager_layout_unit_of(m->lay, off);
+	uint64_t waited = pager_now_ns() - since;
+	int rc;
+
+	c->wait_ns += waited;
+	m->fault_wait_ns += waited;
+	/* A fault in a layer means the client is in it: note the position
+	 * and map the layer's remaining tripwires, so it takes one fault per
+	 * layer, not one per tensor. */
+	if (u > 0) {
+		const struct pager_unit *un = &m->lay->units[u];
+
+		c->pos = u;
+		for (unsigned t = 0; t < un->n_trip; t++) {
+			rc = uffd_continue(c, un->trip[t], page);
+			if (rc) {
+				pager_drop_client(c, "its mapping is gone");
+				return;
+			}
+		}
+	}
+	rc = uffd_continue(c, off, page);
+	if (rc)
+		pager_drop_client(c, "its mapping is gone");
+}
+
+static void wake_waiters(struct model *m, unsigned u)
+{
+	struct waiter *w = m->waiters[u];
+
+	m->waiters[u] = NULL;
+	while (w) {
+		struct waiter *n = w->next;
+
+		if (!w->c->dead)
+			resolve(w->c, w->off, w->since_ns);
+		free(w);
+		w = n;
+	}
+	pager_policy_advance(m);
+}
+
+static void on_fault(struct client *c, uint64_t addr)
+{
+	struct model *m = c->m;
+	uint64_t off = (addr - c->base) & ~(m->lay->page - 1);
+	int u;
+
+	if (addr < c->base || addr - c->base >= m->lay->map_size) {
+		pager_drop_client(c, "it faulted outside its model");
+		return;
+	}
+	u = pager_layout_unit_of(m->lay, off);
+	if (u < 0) {
+		pager_drop_client(c, "it faulted on a page no unit covers");
+		return;
+	}
+	c->faults++;
+	m->us[u].faults++;
+	if (m->us[u].state == U_LOADED) {
+		resolve(c, off, pager_now_ns());
+		pager_policy_advance(m);
+		return;
+	}
+	struct waiter *w = malloc(sizeof(*w));
+	if (!w) {
+		pager_drop_client(c, "out of memory");
+		return;
+	}
+	w->c = c;
+	w->off = off;
+	w->since_ns = pager_now_ns();
+	w->next = m->waiters[u];
+	m->waiters[u] = w;
+	if (u > 0 && (unsigned)u != (unsigned)c->pos)
+		c->pos = u; /* it is here, waiting */
+	if (m->us[u].state == U_EVICTING) {
+		m->us[u].want_load = true;
+	} else if (m->us[u].state == U_ABSENT) {
+		/* A demand miss: the window did not cover it.  Make room. */
+		pager_policy_advance(m);
+		if (m->us[u].state == U_ABSENT && load(m, u))
+			pager_drop_client(c, "the model file could not be read");
+	}
+}
+
+void pager_on_uffd(struct client *c)
+{
+	struct uffd_msg msgs[16];
+
+	for (;;) {
+		ssize_t n = read(c->uffd, msgs, sizeof(msgs));
+
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				return;
+			pager_drop_client(c, "its userfaultfd failed");
+			return;
+		}
+		if (n == 0 || n % (ssize_t)sizeof(msgs[0])) {
+			pager_drop_client(c, "its userfaultfd returned a partial message");
+			return;
+		}
+		for (ssize_t i = 0; i < n / (ssize_t)sizeof(msgs[0]) && !c->dead; i++)
+			if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
+				on_fault(c, msgs[i].arg.pagefault.address);
+	}
+}
+
+
+/* ---- memory pressure -------------------------------------------------- */
+
+/*
+ * Memory pressure (a PSI trigger, or SIGUSR1 from an operator who wants
+ * memory back now): demote a quarter of each model's resident layers to
+ * streaming; their pages are evicted as soon as no engine needs them.  The
+ * demotion stays until restore (SIGUSR2).
+ */
+void pager_on_pressure(struct pager *p, const char *what)
+{
+	p->pressure_events++;
+	for (unsigned i = 0; i < p->n_models; i++) {
+		struct model *m = &p->models[i];
+		unsigned before = m->n_resident;
+
+		m->shed += (m->n_resident + 3) / 4;
+		pager_plan(m);
+		if (m->n_resident < before)
+			pager_log(PAGER_LOG_NOTICE,
+				  "%s: %s: %u resident layers now stream (%u left)",
+				  m->name, what, before - m->n_resident, m->n_resident);
+		pager_policy_advance(m);
+	}
+}
+
+void pager_on_restore(struct pager *p)
+{
+	for (unsigned i = 0; i < p->n_models; i++) {
+		struct model *m = &p->models[i];
+
+		m->shed = 0;
+		pager_plan(m);
+		pager_log(PAGER_LOG_NOTICE, "%s: residency restored (%u layers resident)", m->name,
+			  m->n_resident);
+		pager_policy_advance(m);
+	}
+}
+
+
+/* ---- NUMA placement --------------------------------------------------- */
+
+/*
+ * Bind the model's image to the node process pid runs on, and issue the
+ * reads from there: new pages of the memfd come from that node (pages
+ * already read stay where they are; moving them would cost more than the
+ * remote reads they save).  Called at start-up for the daemon itself and
+ * again for a model's first client.  A no-op without libnuma or on a
+ * one-node machine.
+ */
+void pager_place(struct model *m, pid_t pid)
+{
+#ifdef HAVE_NUMA
+	char path[64], buf[1024], *p;
+	int cpu = -1, node, fd;
+	ssize_t n;
+
+	if (numa_available() < 0 || numa_max_node() == 0)
+		return;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	if (n <= 0)
+		return;
+	buf[n] = '\0';
+	/* "processor" is field 39; fields after the ")" of comm start at 3 */
+	p = strrchr(buf, ')');
+	for (int f = 2; p && f < 39; f++)
+		p = strchr(p + 1, ' ');
+	if (p)
+		cpu = atoi(p + 1);
+	node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
+	if (node < 0 || node == m->node)
+		return;
+	m->node = node;
+	numa_tonode_memory(m->map, m->lay->map_size, node);
+	numa_run_on_node(node);
+	pager_log(PAGER_LOG_INFO, "%s: memory and reads on node %d (pid %d runs there)", m->name,
+		  node, (int)pid);
+#else
+	(void)m;
+	(void)pid;
+#endif
+}
+

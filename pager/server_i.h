@@ -1,0 +1,128 @@
+/*
+ * server_i.h - stratad's shared state: models, units, clients (not installed).
+ *
+ * server.c owns the sockets, the protocol and the event loop; residency.c
+ * owns what is in memory and why (loading, eviction, the policy, faults);
+ * status.c renders the daemon's view for stratactl.  One thread runs all of
+ * it, so nothing here is locked.
+ */
+#ifndef STRATA_SERVER_I_H
+#define STRATA_SERVER_I_H
+
+#include "io_i.h"
+#include "pager.h"
+#include "pager_i.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define IO_DEPTH 16
+#define IO_CHUNK (1u << 20)
+#define DEFAULT_WINDOW 2
+#define MAX_CLIENTS 256
+/* 150 ms stalled within 2 s (windows must be multiples of 2 s for
+ * processes without CAP_SYS_RESOURCE, and were refused otherwise here). */
+#define PSI_TRIGGER "some 150000 2000000"
+
+enum ustate { U_ABSENT, U_LOADING, U_LOADED, U_EVICTING };
+
+struct ustat {
+	enum ustate state;
+	bool resident;      /* policy: keep in memory */
+	unsigned reads_left;
+	unsigned punches_left;
+	bool want_load;     /* load again once the eviction completes */
+	int io_err;
+	uint64_t loads, faults, evictions, bytes_read;
+};
+
+struct client;
+
+/* A fault a client is blocked on until its unit is read. */
+struct waiter {
+	struct waiter *next;
+	struct client *c;
+	uint64_t off;
+	uint64_t since_ns;
+};
+
+struct model {
+	struct pager *p;
+	unsigned idx;
+	char *path, *real, *name;
+	int fd;   /* O_DIRECT */
+	int memfd;
+	uint8_t *map;
+	struct pager_layout *lay;
+	struct ustat *us;
+	struct waiter **waiters; /* per unit */
+	unsigned n_resident;     /* layers planned resident */
+	unsigned shed;           /* layers demoted by memory pressure */
+	uint64_t mem_bytes;      /* units loading or loaded */
+	uint64_t bytes_read;
+	uint64_t fault_wait_ns;
+	unsigned n_clients;
+	int node;                /* NUMA node the image is bound to, -1 none */
+};
+
+enum cstate { C_HELLO, C_REGISTER, C_ACTIVE, C_CONTROL };
+
+struct client {
+	struct client *next;
+	struct pager *p;
+	int fd;
+	int uffd;
+	enum cstate state;
+	pid_t pid;
+	uid_t uid;
+	struct model *m;
+	uint64_t base;
+	uint64_t declared;
+	int pos;              /* last layer unit the client entered, -1 unknown */
+	uint64_t faults;
+	uint64_t wait_ns;
+	bool dead;
+};
+
+struct pager {
+	struct pager_config cfg;
+	unsigned window;
+	int epfd, lfd, sfd, psifd;
+	struct pager_io *io;
+	struct model *models;
+	unsigned n_models;
+	struct client *clients;
+	unsigned n_clients;
+	uint64_t page;
+	uint64_t pressure_events;
+	bool stop;
+	char *sock_path;
+};
+
+/* epoll data: a tagged pointer (low bits: kind). */
+enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD };
+#define EV(kind, ptr) ((uint64_t)(uintptr_t)(ptr) | (kind))
+#define EV_KIND(u) ((enum ev_kind)((u) & 7))
+#define EV_PTR(u) ((void *)(uintptr_t)((u) & ~(uint64_t)7))
+
+uint64_t pager_now_ns(void);
+
+/* residency.c */
+uint64_t pager_allowance(const struct model *m);
+void pager_plan(struct model *m);
+void pager_policy_advance(struct model *m);
+void pager_map_unit(struct client *c, unsigned u);
+void pager_on_uffd(struct client *c);
+void pager_io_done(void *tag, int err, uint64_t bytes, bool last, void *arg);
+void pager_on_pressure(struct pager *p, const char *what);
+void pager_on_restore(struct pager *p);
+void pager_place(struct model *m, pid_t pid);
+
+/* server.c */
+void pager_drop_client(struct client *c, const char *why);
+
+/* status.c */
+void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size_t *len);
+
+#endif

@@ -1,0 +1,165 @@
+/*
+ * status.c - the daemon's view, as text for people and JSON for scripts
+ * (stratactl status; the fields are documented in docs/cli.md).
+ */
+#include "server_i.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <unistd.h>
+
+/* ---- status ----------------------------------------------------------- */
+
+static char state_char(const struct model *m, unsigned u)
+{
+	switch (m->us[u].state) {
+	case U_LOADING:
+		return 'l';
+	case U_EVICTING:
+		return 'e';
+	case U_LOADED:
+		return m->us[u].resident ? 'R' : 'L';
+	default:
+		return '.';
+	}
+}
+
+static const char *state_name(const struct model *m, unsigned u)
+{
+	switch (m->us[u].state) {
+	case U_LOADING:
+		return "loading";
+	case U_EVICTING:
+		return "evicting";
+	case U_LOADED:
+		return m->us[u].resident ? "resident" : "loaded";
+	default:
+		return "absent";
+	}
+}
+
+struct sbuf {
+	char *p;
+	size_t cap, len;
+};
+
+static void __attribute__((format(printf, 2, 3))) sb(struct sbuf *s, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (s->len >= s->cap)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(s->p + s->len, s->cap - s->len, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		s->len = s->len + (size_t)n < s->cap ? s->len + (size_t)n : s->cap;
+}
+
+/* s as the body of a JSON string (file names may hold anything). */
+static void sb_json(struct sbuf *b, const char *s)
+{
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			sb(b, "\\%c", ch);
+		else if (ch < 0x20)
+			sb(b, "\\u%04x", ch);
+		else
+			sb(b, "%c", ch);
+	}
+}
+
+void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size_t *len)
+{
+	struct sbuf s = { out, cap, 0 };
+	double busy = pio_busy_ns(p->io) / 1e9;
+
+	if (json)
+		sb(&s, "{\"pid\": %d, \"budget_bytes\": %llu, \"pressure_events\": %llu, \"models\": [",
+		   (int)getpid(), (unsigned long long)p->cfg.budget,
+		   (unsigned long long)p->pressure_events);
+	for (unsigned i = 0; i < p->n_models; i++) {
+		struct model *m = &p->models[i];
+		uint64_t resident = 0, read_all = 0;
+
+		for (unsigned u = 0; u < m->lay->n_units; u++)
+			if (m->us[u].state == U_LOADED)
+				resident += m->lay->units[u].bytes;
+		for (unsigned j = 0; j < p->n_models; j++)
+			read_all += p->models[j].bytes_read;
+		double tput = busy > 0 ? read_all / busy / 1e6 : 0;
+		if (json) {
+			sb(&s, "%s{\"name\": \"", i ? ", " : "");
+			sb_json(&s, m->name);
+			sb(&s, "\", \"path\": \"");
+			sb_json(&s, m->real);
+			sb(&s, "\", \"file_bytes\": %llu, "
+			       "\"budget_bytes\": %llu, \"allowance_bytes\": %llu, "
+			       "\"resident_bytes\": %llu, \"resident_layers_planned\": %u, "
+			       "\"bytes_read\": %llu, \"read_mbps\": %.1f, \"fault_wait_ms\": %.3f, "
+			       "\"other\": {\"state\": \"%s\", \"bytes\": %llu, \"loads\": %llu, "
+			       "\"faults\": %llu}, \"layers\": [",
+			   (unsigned long long)m->lay->file_size,
+			   (unsigned long long)p->cfg.budget,
+			   (unsigned long long)(pager_allowance(m) == UINT64_MAX ? 0 : pager_allowance(m)),
+			   (unsigned long long)resident, m->n_resident,
+			   (unsigned long long)m->bytes_read, tput, m->fault_wait_ns / 1e6,
+			   state_name(m, 0), (unsigned long long)m->lay->units[0].bytes,
+			   (unsigned long long)m->us[0].loads, (unsigned long long)m->us[0].faults);
+			for (unsigned u = 1; u < m->lay->n_units; u++)
+				sb(&s, "%s{\"layer\": %u, \"state\": \"%s\", \"bytes\": %llu, "
+				       "\"loads\": %llu, \"faults\": %llu, \"evictions\": %llu}",
+				   u > 1 ? ", " : "", u - 1, state_name(m, u),
+				   (unsigned long long)m->lay->units[u].bytes,
+				   (unsigned long long)m->us[u].loads,
+				   (unsigned long long)m->us[u].faults,
+				   (unsigned long long)m->us[u].evictions);
+			sb(&s, "], \"clients\": [");
+			bool first = true;
+			for (struct client *c = p->clients; c; c = c->next) {
+				if (c->m != m || c->state != C_ACTIVE)
+					continue;
+				sb(&s, "%s{\"pid\": %d, \"kind\": \"uffd\", \"declared_bytes\": %llu, "
+				       "\"layer\": %d, \"faults\": %llu, \"fault_wait_ms\": %.3f}",
+				   first ? "" : ", ", (int)c->pid, (unsigned long long)c->declared,
+				   c->pos > 0 ? c->pos - 1 : -1, (unsigned long long)c->faults,
+				   c->wait_ns / 1e6);
+				first = false;
+			}
+			sb(&s, "]}");
+			continue;
+		}
+		sb(&s, "model %s (%s)\n", m->name, m->real);
+		sb(&s, "  budget      %.1f MiB%s, allowance %.1f MiB\n", p->cfg.budget / 1048576.0,
+		   p->cfg.budget ? "" : " (no limit)",
+		   pager_allowance(m) == UINT64_MAX ? m->lay->map_size / 1048576.0
+					      : pager_allowance(m) / 1048576.0);
+		sb(&s, "  resident    %.1f MiB of %.1f MiB, %u of %u layers planned resident\n",
+		   resident / 1048576.0, m->lay->file_size / 1048576.0, m->n_resident,
+		   m->lay->n_layers);
+		sb(&s, "  layers      [");
+		for (unsigned u = 1; u < m->lay->n_units; u++)
+			sb(&s, "%c", state_char(m, u));
+		sb(&s, "]  (R resident, L loaded, l loading, e evicting, . absent; other: %c)\n",
+		   state_char(m, 0));
+		sb(&s, "  read        %.1f MiB, %.0f MB/s while reading; fault wait %.1f ms\n",
+		   m->bytes_read / 1048576.0, tput, m->fault_wait_ns / 1e6);
+		sb(&s, "  per layer   loads/faults:");
+		for (unsigned u = 1; u < m->lay->n_units; u++)
+			sb(&s, " %llu/%llu", (unsigned long long)m->us[u].loads,
+			   (unsigned long long)m->us[u].faults);
+		sb(&s, "\n  clients     %u\n", m->n_clients);
+		for (struct client *c = p->clients; c; c = c->next)
+			if (c->m == m && c->state == C_ACTIVE)
+				sb(&s, "    pid %-7d uffd  declares %.1f MiB, at layer %d, %llu faults, waited %.1f ms\n",
+				   (int)c->pid, c->declared / 1048576.0, c->pos > 0 ? c->pos - 1 : -1,
+				   (unsigned long long)c->faults, c->wait_ns / 1e6);
+	}
+	if (json)
+		sb(&s, "]}\n");
+	*len = s.len;
+}
+
