@@ -17,10 +17,12 @@
 #include <string.h>
 
 static const char usage_text[] =
-	"usage: stratad --socket PATH [--budget SIZE] [--resident N] [--window N]\n"
-	"               [--verbose] MODEL.gguf...\n"
+	"usage: stratad --socket PATH [--fuse DIR] [--budget SIZE] [--resident N]\n"
+	"               [--window N] [--verbose] MODEL.gguf...\n"
 	"\n"
 	"  --socket PATH   unix socket clients connect to\n"
+	"  --fuse DIR      also show every model as a read-only file under DIR, for\n"
+	"                  any mmap-based runtime\n"
 	"  --budget SIZE   memory for the models and their clients' own needs, in bytes\n"
 	"                  or with a K/M/G suffix (default: no limit, all resident)\n"
 	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
@@ -34,6 +36,7 @@ int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		{ "socket", required_argument, NULL, 's' },
+		{ "fuse", required_argument, NULL, 'f' },
 		{ "budget", required_argument, NULL, 'b' },
 		{ "resident", required_argument, NULL, 'r' },
 		{ "window", required_argument, NULL, 'w' },
@@ -47,13 +50,16 @@ int main(int argc, char **argv)
 	int c, rc;
 
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":s:b:r:w:vh", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":s:f:b:r:w:vh", lo, NULL)) != -1) {
 		char *end;
 		long v;
 
 		switch (c) {
 		case 's':
 			cfg.socket_path = optarg;
+			break;
+		case 'f':
+			cfg.fuse_dir = optarg;
 			break;
 		case 'b':
 			if (pager_parse_size(optarg, &cfg.budget)) {

@@ -96,6 +96,56 @@ static void normalize(struct pager_unit *u, uint64_t page, uint64_t map_size)
 	u->n_trip = n;
 }
 
+/* Give every page no unit holds (padding between tensors, the tail) to unit
+ * 0, so any byte of the file can be served. */
+static int cover_gaps(struct pager_layout *l)
+{
+	struct pager_extent *all, *ext;
+	size_t n = 0, cap = 0, gaps = 0;
+	uint64_t at = 0;
+
+	for (unsigned u = 0; u < l->n_units; u++)
+		cap += l->units[u].n_ext;
+	all = calloc(cap ? cap : 1, sizeof(*all));
+	if (!all)
+		return -ENOMEM;
+	for (unsigned u = 0; u < l->n_units; u++)
+		for (unsigned i = 0; i < l->units[u].n_ext; i++)
+			all[n++] = l->units[u].ext[i];
+	qsort(all, n, sizeof(*all), cmp_ext);
+	for (size_t i = 0; i <= n; i++) {
+		uint64_t next = i < n ? all[i].off : l->map_size;
+
+		gaps += next > at;
+		if (i < n && all[i].off + all[i].len > at)
+			at = all[i].off + all[i].len;
+		else if (i == n)
+			break;
+	}
+	if (gaps) {
+		struct pager_unit *u0 = &l->units[0];
+
+		ext = realloc(u0->ext, (u0->n_ext + gaps) * sizeof(*ext));
+		if (!ext) {
+			free(all);
+			return -ENOMEM;
+		}
+		u0->ext = ext;
+		at = 0;
+		for (size_t i = 0; i <= n; i++) {
+			uint64_t next = i < n ? all[i].off : l->map_size;
+
+			if (next > at)
+				u0->ext[u0->n_ext++] = (struct pager_extent){ at, next - at };
+			if (i < n && all[i].off + all[i].len > at)
+				at = all[i].off + all[i].len;
+		}
+		normalize(u0, l->page, l->map_size);
+	}
+	free(all);
+	return 0;
+}
+
 int pager_layout_build(const void *image, size_t size, uint64_t page,
 		       struct pager_layout **out, char *err, size_t errlen)
 {
@@ -153,6 +203,8 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 	}
 	for (unsigned u = 0; u < l->n_units; u++)
 		normalize(&l->units[u], page, l->map_size);
+	if (cover_gaps(l))
+		goto oom;
 	for (unsigned u = 1; u < l->n_units; u++)
 		if (l->units[u].bytes > l->max_layer_bytes)
 			l->max_layer_bytes = l->units[u].bytes;

@@ -52,6 +52,7 @@ struct pager_config {
 	unsigned window;        /* streamed layers read ahead; 0 = default (2) */
 	unsigned n_models;
 	const char *const *models; /* GGUF paths */
+	const char *fuse_dir;      /* mount the models as files here; NULL: no */
 };
 
 struct pager;

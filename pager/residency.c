@@ -72,7 +72,6 @@ struct io_tag {
 	bool punch;
 };
 
-static int load(struct model *m, unsigned u);
 
 /* The last punch of unit u completed: its memory is free. */
 static void released(struct model *m, unsigned u)
@@ -81,7 +80,7 @@ static void released(struct model *m, unsigned u)
 	m->mem_bytes -= m->lay->units[u].bytes;
 	if (m->us[u].want_load) {
 		m->us[u].want_load = false;
-		load(m, u);
+		pager_load(m, u);
 	}
 }
 
@@ -239,7 +238,7 @@ static void map_unit_everywhere(struct model *m, unsigned u)
 
 static void wake_waiters(struct model *m, unsigned u);
 
-static int load(struct model *m, unsigned u)
+int pager_load(struct model *m, unsigned u)
 {
 	const struct pager_unit *un = &m->lay->units[u];
 	struct io_tag *tag;
@@ -310,6 +309,8 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 		release(m, u);
 		for (struct waiter *w = m->waiters[u]; w; w = w->next)
 			pager_drop_client(w->c, "the model file could not be read");
+		if (m->p->fuse)
+			pager_fuse_unit_failed(m, u);
 		return;
 	}
 	us->state = U_LOADED;
@@ -363,7 +364,7 @@ static bool needed(const struct model *m, unsigned u)
 	for (const struct client *c = m->p->clients; c; c = c->next) {
 		unsigned seen = 0;
 
-		if (c->m != m || c->state != C_ACTIVE)
+		if (c->m != m || (c->state != C_ACTIVE && c->state != C_FUSE))
 			continue;
 		if (c->pos < 0) {
 			/* not located yet: it starts at layer 0 */
@@ -402,14 +403,14 @@ void pager_policy_advance(struct model *m)
 	 * declared memory) no longer keeps resident. */
 	for (unsigned u = 1; u < U; u++)
 		if (m->us[u].state == U_LOADED && !m->us[u].resident && !needed(m, u) &&
-		    !m->waiters[u])
+		    !m->waiters[u] && !(m->p->fuse && pager_fuse_waits_for(m, u)))
 			evict(m, u);
 	for (unsigned u = 0; u < U; u++) {
 		if (m->us[u].state != U_ABSENT || !(m->us[u].resident || needed(m, u)))
 			continue;
 		if (m->mem_bytes + m->lay->units[u].bytes > allow && u != 0)
 			continue; /* no room now; retried at the next step */
-		if (load(m, u))
+		if (pager_load(m, u))
 			break;
 	}
 }
@@ -459,6 +460,8 @@ static void wake_waiters(struct model *m, unsigned u)
 		free(w);
 		w = n;
 	}
+	if (m->p->fuse)
+		pager_fuse_unit_ready(m);
 	pager_policy_advance(m);
 }
 
@@ -501,7 +504,7 @@ static void on_fault(struct client *c, uint64_t addr)
 	} else if (m->us[u].state == U_ABSENT) {
 		/* A demand miss: the window did not cover it.  Make room. */
 		pager_policy_advance(m);
-		if (m->us[u].state == U_ABSENT && load(m, u))
+		if (m->us[u].state == U_ABSENT && pager_load(m, u))
 			pager_drop_client(c, "the model file could not be read");
 	}
 }

@@ -75,8 +75,10 @@ static void free_client(struct client *c)
 	struct pager *p = c->p;
 	struct model *m = c->m;
 
-	epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-	close(c->fd);
+	if (c->fd >= 0) {
+		epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+		close(c->fd);
+	}
 	if (c->uffd >= 0) {
 		epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->uffd, NULL);
 		close(c->uffd);
@@ -357,6 +359,8 @@ static void on_sock(struct client *c)
 			on_status_req(c, buf + PROTO_HDR_SIZE, len);
 		else
 			pager_drop_client(c, "unexpected message on a control connection");
+		break;
+	case C_FUSE: /* has no socket */
 		break;
 	case C_ACTIVE:
 		if (type == PROTO_DECLARE && len == PROTO_DECLARE_SIZE) {
@@ -649,6 +653,13 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		snprintf(err, errlen, "epoll: %s", strerror(-rc));
 		goto fail;
 	}
+	if (cfg->fuse_dir) {
+		rc = pager_fuse_start(p, cfg->fuse_dir, err, errlen);
+		if (!rc)
+			rc = watch(p, pager_fuse_fd(p), EPOLLIN, EV(EV_FUSE, p));
+		if (rc)
+			goto fail;
+	}
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct model *m = &p->models[i];
 
@@ -704,6 +715,9 @@ int pager_run(struct pager *p)
 				}
 				break;
 			}
+			case EV_FUSE:
+				pager_fuse_process(p);
+				break;
 			case EV_IO:
 				pio_reap(p->io, pager_io_done, p);
 				break;
@@ -741,6 +755,7 @@ void pager_destroy(struct pager *p)
 		p->clients = c->next;
 		free_client(c);
 	}
+	pager_fuse_stop(p);
 	pio_destroy(p->io); /* waits for reads into the models' memory */
 	for (unsigned i = 0; i < p->n_models; i++)
 		close_model(&p->models[i]);

@@ -64,9 +64,12 @@ struct model {
 	uint64_t fault_wait_ns;
 	unsigned n_clients;
 	int node;                /* NUMA node the image is bound to, -1 none */
+	struct client *fuse_reader;      /* the mount's readers, for the policy */
+	struct fuse_wait *fuse_waiting;  /* FUSE reads waiting for units */
+	uint64_t fuse_reads;
 };
 
-enum cstate { C_HELLO, C_REGISTER, C_ACTIVE, C_CONTROL };
+enum cstate { C_HELLO, C_REGISTER, C_ACTIVE, C_CONTROL, C_FUSE /* a mount's readers */ };
 
 struct client {
 	struct client *next;
@@ -86,6 +89,7 @@ struct client {
 };
 
 struct pager {
+	struct pager_fuse *fuse; /* NULL without --fuse */
 	struct pager_config cfg;
 	unsigned window;
 	int epfd, lfd, sfd, psifd;
@@ -101,7 +105,7 @@ struct pager {
 };
 
 /* epoll data: a tagged pointer (low bits: kind). */
-enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD };
+enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD, EV_FUSE };
 #define EV(kind, ptr) ((uint64_t)(uintptr_t)(ptr) | (kind))
 #define EV_KIND(u) ((enum ev_kind)((u) & 7))
 #define EV_PTR(u) ((void *)(uintptr_t)((u) & ~(uint64_t)7))
@@ -109,6 +113,7 @@ enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD };
 uint64_t pager_now_ns(void);
 
 /* residency.c */
+int pager_load(struct model *m, unsigned u);
 uint64_t pager_allowance(const struct model *m);
 void pager_plan(struct model *m);
 void pager_policy_advance(struct model *m);
@@ -121,6 +126,15 @@ void pager_place(struct model *m, pid_t pid);
 
 /* server.c */
 void pager_drop_client(struct client *c, const char *why);
+
+/* fuse.c: the FUSE front end (see there) */
+int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen);
+int pager_fuse_fd(const struct pager *p);
+void pager_fuse_process(struct pager *p);
+void pager_fuse_stop(struct pager *p);
+void pager_fuse_unit_ready(struct model *m);
+void pager_fuse_unit_failed(struct model *m, unsigned u);
+bool pager_fuse_waits_for(const struct model *m, unsigned u);
 
 /* status.c */
 void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size_t *len);

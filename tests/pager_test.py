@@ -13,6 +13,9 @@
               refused; SIGTERM removes the socket
   unreadable  a model file truncated under the daemon: the engine stops with the
               daemon's reason, the daemon keeps serving
+  fuse        every fixture through `stratad --fuse`: the mounted files have the
+              exact bytes, and `strata eval` on them (plain mmap, no --pager)
+              gives bit-identical logits; SIGTERM unmounts
   shed        SIGUSR1 (the memory-pressure path) demotes resident layers while
               an engine runs; they are evicted, results stay bit-identical;
               SIGUSR2 restores them
@@ -373,9 +376,34 @@ def case_shed():
     check("shed: SIGUSR2 restores every layer and the daemon lives on", alive)
 
 
+def case_fuse():
+    if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
+        print("skip fuse: needs /dev/fuse and root")
+        return
+    mnt = os.path.join(TMP, "mnt")
+    os.mkdir(mnt)
+    paths = [os.path.join(FIX, "models", m) for m in MODELS]
+    d = Daemon(paths, "--resident", "0", "--fuse", mnt)
+    check("fuse: every model is listed", sorted(os.listdir(mnt)) == MODELS, str(os.listdir(mnt)))
+    for m, p in zip(MODELS, paths):
+        mounted = os.path.join(mnt, m)
+        same_bytes = open(mounted, "rb").read() == open(p, "rb").read()
+        a, b = os.path.join(TMP, m + ".a"), os.path.join(TMP, m + ".b")
+        ra = run_eval(p, tokens_of(m), a)
+        rb = run_eval(mounted, tokens_of(m), b)
+        check(f"fuse: {m} has the exact bytes", same_bytes)
+        check(f"fuse: {m} eval through the mount is bit-identical",
+              ra.returncode == 0 and rb.returncode == 0 and open(a, "rb").read() == open(b, "rb").read(),
+              rb.stderr.strip())
+    d.stop()
+    with open("/proc/self/mountinfo") as f:
+        mounted = any(f" {os.path.realpath(mnt)} " in line for line in f)
+    check("fuse: SIGTERM unmounts", d.p.returncode == 0 and not mounted)
+
+
 CASES = {"identical": case_identical, "share": case_share, "garbage": case_garbage,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
-         "unreadable": case_unreadable, "shed": case_shed}
+         "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse}
 
 for name in sys.argv[1:] or CASES:
     try:
