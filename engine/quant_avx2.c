@@ -9,11 +9,12 @@
  *
  * Numerics: the integer part of every quantized dot product is exact (the
  * per-block integer sums equal the reference ones for any input bytes, -128
- * included); only the order in which the float per-block terms are added
- * differs from the reference.  The quantizers produce the reference's bytes
- * exactly: Q8_0 emulates roundf (halves away from zero) rather than using the
- * round-to-even of _mm256_round_ps, and Q8_K repeats ggml's nearest_int
- * bit trick lane by lane.
+ * included).  The float operations follow the x86 kernels of the engine the
+ * test fixtures come from (ggml b4748 built with -march=native on an AVX-512
+ * machine): Q8_0 and the K-quants in ggml's 8-lane order with its final
+ * reductions, F32/F16 in the order of its AVX-512 ggml_vec_dot_f32/f16.  The
+ * quantizers produce the reference's bytes exactly (Q8_0 with 127/amax and
+ * ties to even, Q8_K with ggml's nearest_int bit trick lane by lane).
  *
  * Threading: the table is built once under pthread_once; the kernels are
  * pure.
@@ -71,6 +72,13 @@ static inline int32_t hsum_i32x8(__m256i v)
 	return _mm_cvtsi128_si32(r);
 }
 
+static inline int32_t hsum_i32x4(__m128i v)
+{
+	v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+	return _mm_cvtsi128_si32(v);
+}
+
 static inline float hmax_f32x8(__m256 v)
 {
 	__m128 r = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
@@ -111,15 +119,10 @@ static void f16_to_float(const void *src, float *dst, size_t n)
 		dst[i] = fp16(x[i]);
 }
 
-/* Element i of a weight row as 8 floats (load8) or one (load1). */
+/* Element i of a row as 8 floats (load8) or one (load1). */
 static inline __m256 load8_f32(const void *w, size_t i)
 {
 	return _mm256_loadu_ps((const float *)w + i);
-}
-
-static inline float load1_f32(const void *w, size_t i)
-{
-	return ((const float *)w)[i];
 }
 
 static inline __m256 load8_f16(const void *w, size_t i)
@@ -146,55 +149,84 @@ static inline float load1_bf16(const void *w, size_t i)
 }
 
 /*
- * The float dot products keep four float accumulators (the reference sums in
- * double, so results differ in the last bits, as ggml's SIMD and scalar
- * versions do).  Always inlined, so each caller gets its own loop with the
- * loads built in.
+ * F32 and F16 dot products follow ggml_vec_dot_f32/f16 as built for the
+ * reference engine's CPU, which has AVX-512: 64 elements per step into four
+ * 16-lane FMA accumulators (here two 8-lane halves each: acc[k] holds
+ * elements 8k..8k+7 of every step), folded as (a0 + a2) + (a1 + a3), then
+ * reduced like _mm512_reduce_add_ps (upper 8 lanes onto the lower 8, then
+ * hsum_f32x8).  The n % 64 elements left over are added one at a time: in
+ * float with a fused multiply-add for F32 (ggml's "sumf += x[i]*y[i]" is
+ * contracted in its -march=native build), in double for F16.  A row shorter
+ * than 64, like an attention head, is thus a plain sequential sum.
  */
 static inline __attribute__((always_inline)) float
-float_dot(size_t n, const void *w, const float *y, __m256 (*load8)(const void *, size_t),
-	  float (*load1)(const void *, size_t))
+steps64(size_t np, const void *w, const void *y, __m256 (*load_w)(const void *, size_t),
+	__m256 (*load_y)(const void *, size_t))
 {
+	__m256 acc[8];
+
+	if (!np)
+		return 0.0f;
+	for (int k = 0; k < 8; k++)
+		acc[k] = _mm256_setzero_ps();
+	for (size_t i = 0; i < np; i += 64)
+		for (int k = 0; k < 8; k++)
+			acc[k] = _mm256_fmadd_ps(load_w(w, i + 8 * k), load_y(y, i + 8 * k), acc[k]);
+	for (int h = 0; h < 2; h++) {
+		acc[h] = _mm256_add_ps(acc[h], acc[4 + h]);
+		acc[2 + h] = _mm256_add_ps(acc[2 + h], acc[6 + h]);
+	}
+	for (int h = 0; h < 2; h++)
+		acc[h] = _mm256_add_ps(acc[h], acc[2 + h]);
+	return hsum_f32x8(_mm256_add_ps(acc[1], acc[0]));
+}
+
+static void vec_dot_f32(size_t n, float *out, const void *w, const void *a)
+{
+	const size_t np = n & ~(size_t)63;
+	const float *x = w, *y = a;
+	float sum = steps64(np, w, a, load8_f32, load8_f32);
+
+	for (size_t i = np; i < n; i++)
+		sum = fmaf(x[i], y[i], sum);
+	*out = sum;
+}
+
+/* F16 weights with F16 activations (see quant_ref.c). */
+static void vec_dot_f16(size_t n, float *out, const void *w, const void *a)
+{
+	const size_t np = n & ~(size_t)63;
+	double sum = steps64(np, w, a, load8_f16, load8_f16);
+
+	for (size_t i = np; i < n; i++)
+		sum += (double)(load1_f16(w, i) * load1_f16(a, i));
+	*out = (float)sum;
+}
+
+/*
+ * BF16 keeps four 8-lane accumulators: ggml's AVX-512 BF16 kernel takes bf16
+ * activations (dpbf16), which this engine does not do.
+ */
+static void vec_dot_bf16(size_t n, float *out, const void *w, const void *a)
+{
+	const float *y = a;
 	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
 	__m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
 	float tail = 0.0f;
 	size_t i = 0;
 
 	for (; i + 32 <= n; i += 32) {
-		acc0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), acc0);
-		acc1 = _mm256_fmadd_ps(load8(w, i + 8), _mm256_loadu_ps(y + i + 8), acc1);
-		acc2 = _mm256_fmadd_ps(load8(w, i + 16), _mm256_loadu_ps(y + i + 16), acc2);
-		acc3 = _mm256_fmadd_ps(load8(w, i + 24), _mm256_loadu_ps(y + i + 24), acc3);
+		acc0 = _mm256_fmadd_ps(load8_bf16(w, i), _mm256_loadu_ps(y + i), acc0);
+		acc1 = _mm256_fmadd_ps(load8_bf16(w, i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+		acc2 = _mm256_fmadd_ps(load8_bf16(w, i + 16), _mm256_loadu_ps(y + i + 16), acc2);
+		acc3 = _mm256_fmadd_ps(load8_bf16(w, i + 24), _mm256_loadu_ps(y + i + 24), acc3);
 	}
 	for (; i + 8 <= n; i += 8)
-		acc0 = _mm256_fmadd_ps(load8(w, i), _mm256_loadu_ps(y + i), acc0);
+		acc0 = _mm256_fmadd_ps(load8_bf16(w, i), _mm256_loadu_ps(y + i), acc0);
 	for (; i < n; i++)
-		tail += load1(w, i) * y[i];
+		tail += load1_bf16(w, i) * y[i];
 	acc0 = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
-	return hsum_f32x8(acc0) + tail;
-}
-
-static void vec_dot_f32(size_t n, float *out, const void *w, const void *a)
-{
-	*out = float_dot(n, w, a, load8_f32, load1_f32);
-}
-
-/* F16 weights with F16 activations (see quant_ref.c). */
-static void vec_dot_f16(size_t n, float *out, const void *w, const void *a)
-{
-	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-	float tail = 0.0f;
-	size_t i = 0;
-
-	for (; i + 16 <= n; i += 16) {
-		acc0 = _mm256_fmadd_ps(load8_f16(w, i), load8_f16(a, i), acc0);
-		acc1 = _mm256_fmadd_ps(load8_f16(w, i + 8), load8_f16(a, i + 8), acc1);
-	}
-	for (; i + 8 <= n; i += 8)
-		acc0 = _mm256_fmadd_ps(load8_f16(w, i), load8_f16(a, i), acc0);
-	for (; i < n; i++)
-		tail += load1_f16(w, i) * load1_f16(a, i);
-	*out = hsum_f32x8(_mm256_add_ps(acc0, acc1)) + tail;
+	*out = hsum_f32x8(acc0) + tail;
 }
 
 static void f16_from_float(const float *src, void *dst, size_t n)
@@ -207,11 +239,6 @@ static void f16_from_float(const float *src, void *dst, size_t n)
 				 _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
 	for (; i < n; i++)
 		y[i] = eng_fp32_to_fp16(src[i]);
-}
-
-static void vec_dot_bf16(size_t n, float *out, const void *w, const void *a)
-{
-	*out = float_dot(n, w, a, load8_bf16, load1_bf16);
 }
 
 /* ---- Q4_0, Q8_0 ------------------------------------------------------- */
@@ -248,8 +275,15 @@ static void vec_dot_q4_0_q8_0(size_t n, float *out, const void *w, const void *a
 	*out = acc;
 }
 
-/* Both sides signed and possibly -128: widen to 16 bits and use madd, which
- * cannot saturate (|pair sum| <= 2^15). */
+/*
+ * ggml's x86 kernel (mul_sum_i8_pairs_float) sums elements 4j..4j+3 of a
+ * block into int32 lane j, converts, and adds d * lane with one FMA per
+ * block; the lanes are reduced at the end by hsum_f32x8.  Here both sides
+ * are widened to 16 bits (madd cannot saturate, so -128 is exact, unlike the
+ * sign trick), madd gives pairs, and hadd puts pairs 2j and 2j+1 together:
+ * within 128-bit halves that yields lanes 0 1 4 5 | 2 3 6 7, which the
+ * 64-bit permute puts back in order.
+ */
 static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a)
 {
 	const struct eng_block_q8_0 *x = w;
@@ -263,8 +297,9 @@ static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a
 		const __m256i xh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qx, 1));
 		const __m256i yl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qy));
 		const __m256i yh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qy, 1));
-		const __m256i p32 = _mm256_add_epi32(_mm256_madd_epi16(xl, yl),
-						     _mm256_madd_epi16(xh, yh));
+		const __m256i p32 = _mm256_permute4x64_epi64(
+			_mm256_hadd_epi32(_mm256_madd_epi16(xl, yl), _mm256_madd_epi16(xh, yh)),
+			0xd8);
 		const __m256 d = _mm256_set1_ps(fp16(x[ib].d) * fp16(y[ib].d));
 
 		acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p32), acc);
@@ -398,10 +433,12 @@ static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
  * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
  * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
  * no saturation), then madd with the sub-block scale into int32 lanes.  The
- * mins term is accumulated as ggml's AVX2 kernel does it (the reference
+ * mins term is accumulated as ggml's AVX2 kernels do it (the reference
  * engine's results depend on the float order): bsums summed in pairs (hadd),
- * times the mins (madd) into 4 int32 lanes, one FMA per block with -dmin,
- * and those 4 lanes added to the total at the end.
+ * times the mins (madd) into 4 int32 lanes.  Q4_K then adds those lanes
+ * with one FMA per block into 4 float lanes, reduced at the end; Q5_K sums
+ * them to one integer and accumulates dmin * that in a scalar (ggml's
+ * "summs += dmin * hsum", contracted to an FMA in its -march=native build).
  */
 static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a, bool five)
 {
@@ -412,6 +449,7 @@ static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a,
 	const __m256i sixteen = _mm256_set1_epi8(16);
 	__m256 acc = _mm256_setzero_ps();
 	__m128 acc_m = _mm_setzero_ps();
+	float summs = 0.0f;
 
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		const uint8_t *qs = five ? x5[i].qs : x4[i].qs;
@@ -432,9 +470,12 @@ static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a,
 						   _mm256_extracti128_si256(bs, 1));
 		const __m128i prod = _mm_madd_epi16(_mm_loadu_si128((const void *)mn16), q8s);
 
-		acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-		if (five)
+		if (five) {
+			summs = fmaf(dmin, (float)hsum_i32x4(prod), summs);
 			hbits = _mm256_loadu_si256((const void *)x5[i].qh);
+		} else {
+			acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+		}
 
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
@@ -460,6 +501,10 @@ static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a,
 			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
 		}
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	if (five) {
+		*out = hsum_f32x8(acc) + summs;
+		return;
 	}
 	acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
 	acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
