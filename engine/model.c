@@ -80,6 +80,7 @@ struct eng_ctx {
 	float *hb, *hb2;             /* [n_batch][n_ff] */
 	float *att;                  /* [n_threads][n_ctx] scores */
 	float *vrow;                 /* [n_threads][head_dim] f16 -> f32 scratch */
+	double *vacc;                /* [n_threads][head_dim] weighted-sum accumulators */
 	eng_fp16_t *q16;             /* [n_threads][head_dim] query rounded to f16 */
 	float *logits;               /* [n_batch][n_vocab] */
 	float *theta_base;           /* [n_rot / 2] per-pair frequency */
@@ -490,6 +491,7 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	c->hb2 = xcalloc(c, (size_t)c->n_batch * hp->n_ff, sizeof(float));
 	c->att = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(float));
 	c->vrow = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(float));
+	c->vacc = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(double));
 	c->q16 = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(eng_fp16_t));
 	c->logits = xcalloc(c, (size_t)c->n_batch * hp->n_vocab, sizeof(float));
 	c->theta_base = xcalloc(c, hp->n_rot / 2, sizeof(float));
@@ -499,7 +501,7 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
 	c->qact = xcalloc(c, (size_t)c->n_batch, c->qact_stride);
 	if (!c->kcache || !c->vcache || !c->x || !c->xb || !c->xb2 || !c->q || !c->kb || !c->vb ||
-	    !c->hb || !c->hb2 || !c->att || !c->vrow || !c->q16 || !c->logits || !c->theta_base || !c->qact)
+	    !c->hb || !c->hb2 || !c->att || !c->vrow || !c->vacc || !c->q16 || !c->logits || !c->theta_base || !c->qact)
 		goto oom;
 
 	/* theta for pair i at position p is p * freq_scale * base^(-2i/n_rot),
@@ -543,6 +545,7 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->hb2);
 	free(c->att);
 	free(c->vrow);
+	free(c->vacc);
 	free(c->q16);
 	free(c->logits);
 	free(c->theta_base);
@@ -725,6 +728,7 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 	size_t layer_off = (size_t)j->layer * c->n_ctx * c->kv_dim;
 	float *att = c->att + (size_t)ith * c->n_ctx;
 	float *vrow = c->vrow + (size_t)ith * hd;
+	double *vacc = c->vacc + (size_t)ith * hd;
 	eng_fp16_t *q16 = c->q16 + (size_t)ith * hd;
 	float scale = 1.0f / sqrtf((float)hd);
 	uint32_t items = j->nb * hp->n_head;
@@ -756,7 +760,9 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 			sum += att[t];
 		}
 		float inv = (float)(1.0 / sum);
-		memset(out, 0, hd * sizeof(float));
+		/* float products summed in double, as ggml's f16 dot does for
+		 * these rows: the weighted sum is as sensitive as the scores */
+		memset(vacc, 0, hd * sizeof(double));
 		for (uint32_t t = 0; t < n_keys; t++) {
 			const eng_fp16_t *vr = c->vcache + layer_off + (size_t)t * c->kv_dim +
 					       (size_t)kvh * hd;
@@ -764,8 +770,10 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 
 			f16(vr, vrow, hd);
 			for (uint32_t d = 0; d < hd; d++)
-				out[d] += a * vrow[d];
+				vacc[d] += (double)(a * vrow[d]);
 		}
+		for (uint32_t d = 0; d < hd; d++)
+			out[d] = (float)vacc[d];
 	}
 }
 
