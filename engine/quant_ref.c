@@ -317,58 +317,34 @@ static void k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
  * Each 64 elements use 32 bytes of qs: the low nibbles are elements 0-31
  * (sub-block 2j), the high nibbles 32-63 (sub-block 2j+1).  x = d*sc*q - dmin*m.
  */
-static void q4_k_to_float(const void *src, float *dst, size_t n)
-{
-	const struct eng_block_q4_k *x = src;
-
-	for (size_t i = 0; i < n / ENG_QK_K; i++) {
-		const float d = eng_fp16_to_fp32(x[i].d);
-		const float min = eng_fp16_to_fp32(x[i].dmin);
-		const uint8_t *q = x[i].qs;
-		float *y = dst + i * ENG_QK_K;
-
-		for (int is = 0; is < 8; is += 2) {
-			uint8_t sc, m;
-
-			k4_scale_min(is, x[i].scales, &sc, &m);
-			const float d1 = d * sc, m1 = min * m;
-			k4_scale_min(is + 1, x[i].scales, &sc, &m);
-			const float d2 = d * sc, m2 = min * m;
-
-			for (int l = 0; l < 32; l++)
-				*y++ = d1 * (q[l] & 0x0f) - m1;
-			for (int l = 0; l < 32; l++)
-				*y++ = d2 * (q[l] >> 4) - m2;
-			q += 32;
-		}
-	}
-}
-
-/* As Q4_K, plus a fifth bit: bit 2j of qh[l] for element l of the low
+/* Q5_K is Q4_K with a fifth bit: bit 2j of qh[l] for element l of the low
  * nibbles of the j-th 64, bit 2j+1 for the high nibbles. */
-static void q5_k_to_float(const void *src, float *dst, size_t n)
+static void k45_to_float(const void *src, float *dst, size_t n, bool five)
 {
-	const struct eng_block_q5_k *x = src;
+	const struct eng_block_q4_k *x4 = src;
+	const struct eng_block_q5_k *x5 = src;
 
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
-		const float d = eng_fp16_to_fp32(x[i].d);
-		const float min = eng_fp16_to_fp32(x[i].dmin);
-		const uint8_t *ql = x[i].qs, *qh = x[i].qh;
+		const float d = eng_fp16_to_fp32(five ? x5[i].d : x4[i].d);
+		const float min = eng_fp16_to_fp32(five ? x5[i].dmin : x4[i].dmin);
+		const uint8_t *scales = five ? x5[i].scales : x4[i].scales;
+		const uint8_t *ql = five ? x5[i].qs : x4[i].qs;
+		const uint8_t *qh = five ? x5[i].qh : NULL;
 		float *y = dst + i * ENG_QK_K;
 		unsigned u1 = 1, u2 = 2;
 
 		for (int is = 0; is < 8; is += 2) {
 			uint8_t sc, m;
 
-			k4_scale_min(is, x[i].scales, &sc, &m);
+			k4_scale_min(is, scales, &sc, &m);
 			const float d1 = d * sc, m1 = min * m;
-			k4_scale_min(is + 1, x[i].scales, &sc, &m);
+			k4_scale_min(is + 1, scales, &sc, &m);
 			const float d2 = d * sc, m2 = min * m;
 
 			for (int l = 0; l < 32; l++)
-				*y++ = d1 * ((ql[l] & 0x0f) + (qh[l] & u1 ? 16 : 0)) - m1;
+				*y++ = d1 * ((ql[l] & 0x0f) + (qh && (qh[l] & u1) ? 16 : 0)) - m1;
 			for (int l = 0; l < 32; l++)
-				*y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+				*y++ = d2 * ((ql[l] >> 4) + (qh && (qh[l] & u2) ? 16 : 0)) - m2;
 			ql += 32;
 			u1 <<= 2;
 			u2 <<= 2;
@@ -376,12 +352,16 @@ static void q5_k_to_float(const void *src, float *dst, size_t n)
 	}
 }
 
-/*
- * The K-quant dot products follow ggml's generic code: quants are expanded
- * into int8, multiplied with the activations 8 lanes at a time into int32
- * lane sums (aux32), scaled per super-block into 8 float lane sums, and the
- * lanes are added only at the end.  The mins term uses Q8_K's bsums.
- */
+static void q4_k_to_float(const void *src, float *dst, size_t n)
+{
+	k45_to_float(src, dst, n, false);
+}
+
+static void q5_k_to_float(const void *src, float *dst, size_t n)
+{
+	k45_to_float(src, dst, n, true);
+}
+
 /*
  * The reference engine ran ggml's x86 K-quant kernels, whose float order its
  * results carry: a block is summed in 8 int32 lanes (lane k of each
