@@ -76,6 +76,10 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 {
 	struct sbuf s = { out, cap, 0 };
 	double busy = pio_busy_ns(p->io) / 1e9;
+	uint64_t read_all = 0; /* the reader is shared: throughput is over all models */
+
+	for (unsigned j = 0; j < p->n_models; j++)
+		read_all += p->models[j].bytes_read;
 
 	if (json)
 		sb(&s, "{\"pid\": %d, \"budget_bytes\": %llu, \"pressure_events\": %llu, \"models\": [",
@@ -83,13 +87,11 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		   (unsigned long long)p->pressure_events);
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct model *m = &p->models[i];
-		uint64_t resident = 0, read_all = 0;
+		uint64_t resident = 0;
 
 		for (unsigned u = 0; u < m->lay->n_units; u++)
 			if (m->us[u].state == U_LOADED)
 				resident += m->lay->units[u].bytes;
-		for (unsigned j = 0; j < p->n_models; j++)
-			read_all += p->models[j].bytes_read;
 		double tput = busy > 0 ? read_all / busy / 1e6 : 0;
 		if (json) {
 			sb(&s, "%s{\"name\": \"", i ? ", " : "");
