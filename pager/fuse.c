@@ -15,19 +15,27 @@
  * reads: max_readahead 1 MiB and the mount's bdi read_ahead_kb raised to
  * match (by default FUSE issues 128 KiB requests).
  *
- * Not yet: pushing streamed layers into the page cache ahead of use
- * (notify_store) and dropping them after use (notify_inval_inode), which the
- * budget needs on this path; see docs/design.md.
+ * The budget holds here as on the userfaultfd path: the page cache is the
+ * reader's copy, the memfd only a staging area.  The policy stores the units
+ * it wants in memory into the page cache (notify_store) as soon as the loader
+ * has them in the memfd, which then lets its copy go; it drops streamed
+ * layers behind the reader (notify_inval_inode, which also unmaps them from
+ * the reader).  Streamed layers are stored without one page, whose read tells
+ * the policy the reader reached the layer, as the tripwires do for engines.
+ * What the page cache holds counts against the budget (cache_bytes).
  */
 #define FUSE_USE_VERSION 35
 #include "server_i.h"
 
 #include <errno.h>
 #include <fuse_lowlevel.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -35,11 +43,24 @@
 
 #define READAHEAD (1u << 20)
 
+struct job;
+
 struct pager_fuse {
 	struct pager *p;
 	struct fuse_session *se;
 	struct fuse_buf buf;
 	char *dir;
+	uint8_t *bounce; /* page-aligned, for reads from the file itself */
+	uint64_t bounce_len;
+	/* the notifier thread: todo and done under mu; jobs and efd the loop's */
+	pthread_t thread;
+	bool started;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct job *todo, *done;
+	bool quit;
+	unsigned jobs; /* queued and not yet collected */
+	int efd;
 };
 
 /* A read waiting for its units. */
@@ -47,6 +68,7 @@ struct fuse_wait {
 	struct fuse_wait *next;
 	fuse_req_t req;
 	uint64_t off, len;
+	uint64_t since_ns;
 };
 
 /* inode 1 is the root; model i is inode i + 2 */
@@ -92,12 +114,31 @@ static void fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	}
 	for (unsigned i = 0; i < p->n_models; i++)
 		if (!strcmp(p->models[i].name, name)) {
+			p->models[i].fuse_lookups++;
+			p->models[i].fuse_no_inode = false;
 			e.ino = i + 2;
 			fill_attr(p, e.ino, &e.attr);
 			fuse_reply_entry(req, &e);
 			return;
 		}
 	fuse_reply_err(req, ENOENT);
+}
+
+/* The kernel dropped its inode of a model, and the page cache with it. */
+static void fs_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	struct pager *p = fuse_req_userdata(req);
+	struct model *m = model_of(p, ino);
+
+	if (m) {
+		m->fuse_lookups = m->fuse_lookups > nlookup ? m->fuse_lookups - nlookup : 0;
+		for (unsigned u = 0; !m->fuse_lookups && u < m->lay->n_units; u++)
+			if (m->us[u].pc != PC_NONE && m->us[u].pc_job == PC_IDLE) {
+				m->us[u].pc = PC_NONE;
+				m->cache_bytes -= m->lay->units[u].bytes;
+			}
+	}
+	fuse_reply_none(req);
 }
 
 static void fs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -163,28 +204,328 @@ static void fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	fuse_reply_open(req, fi);
 }
 
-/* Are all units holding [off, off+len) in memory?  Starts loads if not. */
-static bool range_ready(struct model *m, uint64_t off, uint64_t len)
+/* ---- the notifier thread --------------------------------------------- */
+
+/*
+ * Stores into and drops from the page cache run on a thread of their own.
+ * The kernel locks each page it fills or invalidates; a page can be locked
+ * because a reader's read of it is queued on /dev/fuse, and that read is
+ * answered by the loop's thread.  Were the loop's thread to notify, it would
+ * wait for itself.  So the loop queues jobs, the notifier runs them (waiting
+ * on such a page until the loop answers the read), and reports back through
+ * an eventfd.  A unit has at most one job at a time (pc_job), and the memfd
+ * pages a store copies from stay put until it reports.
+ */
+struct job {
+	struct job *next;
+	struct model *m;
+	unsigned u;
+	enum pcjob kind;
+	bool whole; /* a store of the tripwire page too */
+	int err;
+};
+
+static void job_run(struct pager_fuse *f, struct job *j);
+
+static void *notifier(void *arg)
+{
+	struct pager_fuse *f = arg;
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&f->mu);
+	for (;;) {
+		struct job *j;
+
+		while (!f->todo && !f->quit)
+			pthread_cond_wait(&f->cv, &f->mu);
+		if (!f->todo)
+			break;
+		j = f->todo;
+		f->todo = j->next;
+		pthread_mutex_unlock(&f->mu);
+		if (f->quit)
+			j->err = -ECANCELED;
+		else
+			job_run(f, j);
+		pthread_mutex_lock(&f->mu);
+		j->next = f->done;
+		f->done = j;
+		/* fails only when the counter saturates, which a reader never lets happen */
+		(void)!write(f->efd, &one, sizeof(one));
+	}
+	pthread_mutex_unlock(&f->mu);
+	return NULL;
+}
+
+/* The page of unit u whose first read tells the daemon its reader entered
+ * the unit: the unit's first page no other unit holds.  Streamed layers are
+ * stored without it.  A single page per unit: with one per tensor, the
+ * kernel's read-around of a fault near a unit's end would reach the next
+ * unit's first tripwire and place the reader a layer early. */
+static uint64_t trip_page(const struct model *m, unsigned u)
+{
+	const struct pager_unit *un = &m->lay->units[u];
+
+	for (unsigned i = 0; i < un->n_ext; i++)
+		for (uint64_t pg = un->ext[i].off; pg < un->ext[i].off + un->ext[i].len;
+		     pg += m->lay->page)
+			if (!pager_page_shared(m, u, pg))
+				return pg;
+	return UINT64_MAX;
+}
+
+#define STORE_CHUNK (4u << 20)
+
+static int store(struct pager_fuse *f, struct model *m, uint64_t off, uint64_t end)
+{
+	fuse_ino_t ino = m->idx + 2;
+
+	/* never past the file's end: a store there would grow the file */
+	if (end > m->lay->file_size)
+		end = m->lay->file_size;
+	while (off < end) {
+		uint64_t n = end - off < STORE_CHUNK ? end - off : STORE_CHUNK;
+		struct fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
+		int rc;
+
+		bv.buf[0].mem = m->map + off;
+		rc = fuse_lowlevel_notify_store(f->se, ino, (off_t)off, &bv, 0);
+		if (rc)
+			return rc;
+		off += n;
+	}
+	return 0;
+}
+
+static void job_run(struct pager_fuse *f, struct job *j)
+{
+	struct model *m = j->m;
+	const struct pager_unit *un = &m->lay->units[j->u];
+	uint64_t page = m->lay->page;
+	uint64_t trip = j->whole ? UINT64_MAX : trip_page(m, j->u);
+
+	j->err = 0;
+	for (unsigned i = 0; i < un->n_ext && !j->err; i++) {
+		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
+
+		if (j->kind == PC_STORING) {
+			if (trip >= off && trip < end) {
+				j->err = store(f, m, off, trip);
+				off = trip + page;
+			}
+			if (!j->err)
+				j->err = store(f, m, off, end);
+			continue;
+		}
+		/* a drop keeps the boundary pages a neighbour holds too */
+		if (pager_page_shared(m, j->u, off))
+			off += page;
+		if (end > off && pager_page_shared(m, j->u, end - page))
+			end -= page;
+		if (end > off)
+			j->err = fuse_lowlevel_notify_inval_inode(f->se, m->idx + 2, (off_t)off,
+								   (off_t)(end - off));
+	}
+}
+
+static void job_queue(struct pager_fuse *f, struct model *m, unsigned u, enum pcjob kind,
+		      bool whole)
+{
+	struct job *j = calloc(1, sizeof(*j)), **tail;
+
+	if (!j)
+		return; /* retried at the next policy step */
+	*j = (struct job){ .m = m, .u = u, .kind = kind, .whole = whole };
+	m->us[u].pc_job = (uint8_t)kind;
+	pthread_mutex_lock(&f->mu);
+	for (tail = &f->todo; *tail; tail = &(*tail)->next)
+		;
+	*tail = j;
+	f->jobs++;
+	pthread_cond_signal(&f->cv);
+	pthread_mutex_unlock(&f->mu);
+}
+
+/* The notifier reported: account for what it did. */
+static void jobs_collect(struct pager_fuse *f)
+{
+	struct job *done;
+	uint64_t n;
+
+	if (read(f->efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		pager_log_errno(PAGER_LOG_ERR, errno, "%s: notifier", f->dir);
+	pthread_mutex_lock(&f->mu);
+	done = f->done;
+	f->done = NULL;
+	pthread_mutex_unlock(&f->mu);
+	while (done) {
+		struct job *j = done;
+		struct ustat *us = &j->m->us[j->u];
+
+		done = j->next;
+		f->jobs--;
+		us->pc_job = PC_IDLE;
+		if (j->kind == PC_STORING && !j->err) {
+			us->pc = j->whole || us->pc == PC_ALL ? PC_ALL : PC_NOTRIP;
+			us->stores++;
+		} else if (j->kind == PC_DROPPING && !j->err) {
+			if (us->pc_read_during) {
+				us->pc = PC_SOME; /* a read put pages back meanwhile */
+			} else {
+				us->pc = PC_NONE;
+				j->m->cache_bytes -= j->m->lay->units[j->u].bytes;
+			}
+			us->drops++;
+		} else if (j->err == -ENOENT) {
+			/* the kernel has no inode for the file (nobody looked
+			 * it up yet, or it forgot it): nothing to store into */
+			j->m->fuse_no_inode = true;
+		} else if (j->err != -ECANCELED) {
+			pager_log_errno(PAGER_LOG_ERR, j->err, "%s: %s layer %d", j->m->name,
+					j->kind == PC_STORING ? "storing" : "dropping",
+					j->m->lay->units[j->u].layer);
+		}
+		us->pc_read_during = false;
+		if (!f->quit)
+			pager_policy_advance(j->m);
+		free(j);
+	}
+}
+
+/*
+ * The mount's side of a policy step: drop from the page cache what the
+ * policy no longer wants there, and store what it wants and the memfd now
+ * holds.  Streamed layers are stored without their tripwire page, so the
+ * reader's first touch of the layer is a read that tells us it is there;
+ * resident ones (and a streamed one the reader is already in) whole.
+ */
+void pager_fuse_advance(struct model *m)
+{
+	struct pager_fuse *f = m->p->fuse;
+
+	for (unsigned u = 0; u < m->lay->n_units; u++) {
+		struct ustat *us = &m->us[u];
+
+		if (us->pc_job != PC_IDLE)
+			continue;
+		if (us->pc != PC_NONE && !pager_fuse_wants(m, u) && !pager_fuse_waits_for(m, u)) {
+			job_queue(f, m, u, PC_DROPPING, false);
+		} else if (us->state == U_LOADED && pager_fuse_store_due(m, u) && !m->fuse_no_inode) {
+			if (us->pc == PC_NONE) {
+				us->pc = PC_SOME;
+				m->cache_bytes += m->lay->units[u].bytes;
+			}
+			job_queue(f, m, u, PC_STORING,
+				  us->resident || m->fuse_reader->pos == (int)u);
+		}
+	}
+}
+
+/* ---- reads ------------------------------------------------------------ */
+
+/* A read put [off, off+len) into the page cache. */
+static void note_read(struct model *m, uint64_t off, uint64_t len)
+{
+	int last = -1;
+
+	for (uint64_t pg = off - off % m->lay->page; pg < off + len; pg += m->lay->page) {
+		int u = pager_layout_unit_of(m->lay, pg);
+		struct ustat *us;
+
+		if (u < 0 || u == last)
+			continue;
+		last = u;
+		us = &m->us[u];
+		if (us->pc == PC_NONE) {
+			us->pc = PC_SOME;
+			m->cache_bytes += m->lay->units[u].bytes;
+		}
+		if (us->pc_job == PC_DROPPING)
+			us->pc_read_during = true;
+	}
+}
+
+/*
+ * How a read of [off, off+len) can be answered: READY when every unit it
+ * spans is in the memfd; WAIT when one is being loaded there; DIRECT
+ * otherwise: read from the file itself.  A read never starts a load: the
+ * policy loads units only where the budget has room for the memfd's staging
+ * copy and the page cache's, and a reader that outruns it (or needs a page
+ * the kernel reclaimed, or a tripwire page) reads at storage speed into the
+ * page cache alone.
+ */
+enum how { READY, WAIT, DIRECT };
+
+static enum how how_to_read(struct model *m, uint64_t off, uint64_t len)
 {
 	uint64_t page = m->lay->page;
-	bool ready = true;
+	enum how how = READY;
+	int last = -1;
 
 	for (uint64_t pg = off - off % page; pg < off + len; pg += page) {
 		int u = pager_layout_unit_of(m->lay, pg);
 
-		if (u < 0 || m->us[u].state == U_LOADED)
+		if (u < 0 || u == last || m->us[u].state == U_LOADED)
 			continue;
-		ready = false;
-		pager_load(m, (unsigned)u);
-		/* skip the rest of this unit's extent containing pg */
-		for (unsigned i = 0; i < m->lay->units[u].n_ext; i++) {
-			const struct pager_extent *e = &m->lay->units[u].ext[i];
-
-			if (pg >= e->off && pg < e->off + e->len)
-				pg = e->off + e->len - page;
-		}
+		last = u;
+		if (m->us[u].state == U_LOADING)
+			how = WAIT;
+		else if (how == READY)
+			how = DIRECT;
 	}
-	return ready;
+	return how;
+}
+
+static void reply_direct(struct pager_fuse *f, fuse_req_t req, struct model *m, uint64_t off,
+			 uint64_t len)
+{
+	uint64_t page = m->lay->page, start = off - off % page;
+	uint64_t span = (off + len + page - 1) / page * page - start, got = 0;
+
+	if (span > f->bounce_len) {
+		free(f->bounce);
+		f->bounce_len = 0;
+		if (posix_memalign((void **)&f->bounce, page, span)) {
+			f->bounce = NULL;
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
+		f->bounce_len = span;
+	}
+	while (got < span) {
+		ssize_t n = pread(m->fd, f->bounce + got, span - got, (off_t)(start + got));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (uint64_t)n;
+	}
+	if (got < off - start + len) {
+		pager_log(PAGER_LOG_ERR, "%s: cannot read %llu bytes at %llu", m->name,
+			  (unsigned long long)len, (unsigned long long)off);
+		fuse_reply_err(req, EIO);
+		return;
+	}
+	m->fuse_direct++;
+	fuse_reply_buf(req, (const char *)f->bounce + (off - start), len);
+}
+
+/* The process behind a request (its thread id, as the kernel reports it). */
+static pid_t reader_pid(fuse_req_t req)
+{
+	pid_t tid = fuse_req_ctx(req)->pid, pid = tid;
+	char path[64], line[128];
+	FILE *st;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
+	st = fopen(path, "r");
+	while (st && fgets(line, sizeof(line), st))
+		if (sscanf(line, "Tgid: %d", &pid) == 1)
+			break;
+	if (st)
+		fclose(st);
+	return pid;
 }
 
 static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -192,6 +533,7 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
 	struct pager *p = fuse_req_userdata(req);
 	struct model *m = model_of(p, ino);
+	struct client *r;
 	struct fuse_wait *w;
 	uint64_t len;
 	int u;
@@ -207,14 +549,26 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	}
 	len = m->lay->file_size - (uint64_t)off < size ? m->lay->file_size - (uint64_t)off : size;
 	/* where the reader is: the policy reads ahead of it */
-	u = pager_layout_unit_of(m->lay, (uint64_t)off - (uint64_t)off % m->lay->page);
-	if (m->fuse_reader && u > 0)
-		m->fuse_reader->pos = u;
+	r = m->fuse_reader;
+	u = pager_layout_unit_of(m->lay, (uint64_t)off);
+	if (u > 0)
+		r->pos = u;
+	if (r->faults++ % 64 == 0 || !r->pid)
+		r->pid = reader_pid(req);
 	m->fuse_reads++;
-	if (range_ready(m, (uint64_t)off, len)) {
+	m->fuse_no_inode = false;
+	pager_policy_advance(m);
+	switch (how_to_read(m, (uint64_t)off, len)) {
+	case READY:
 		fuse_reply_buf(req, (const char *)m->map + off, len);
-		pager_policy_advance(m);
+		note_read(m, (uint64_t)off, len);
 		return;
+	case DIRECT:
+		reply_direct(p->fuse, req, m, (uint64_t)off, len);
+		note_read(m, (uint64_t)off, len);
+		return;
+	case WAIT:
+		break;
 	}
 	w = malloc(sizeof(*w));
 	if (!w) {
@@ -224,9 +578,20 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	w->req = req;
 	w->off = (uint64_t)off;
 	w->len = len;
+	w->since_ns = pager_now_ns();
 	w->next = m->fuse_waiting;
 	m->fuse_waiting = w;
-	pager_policy_advance(m);
+}
+
+static bool range_loaded(const struct model *m, uint64_t off, uint64_t len)
+{
+	for (uint64_t pg = off - off % m->lay->page; pg < off + len; pg += m->lay->page) {
+		int u = pager_layout_unit_of(m->lay, pg);
+
+		if (u >= 0 && m->us[u].state != U_LOADED)
+			return false;
+	}
+	return true;
 }
 
 /* Called when a unit of m finished loading: answer reads now complete. */
@@ -237,9 +602,12 @@ void pager_fuse_unit_ready(struct model *m)
 	while (*pw) {
 		struct fuse_wait *w = *pw;
 
-		if (range_ready(m, w->off, w->len)) {
+		if (range_loaded(m, w->off, w->len)) {
 			*pw = w->next;
 			fuse_reply_buf(w->req, (const char *)m->map + w->off, w->len);
+			note_read(m, w->off, w->len);
+			m->fuse_reader->wait_ns += pager_now_ns() - w->since_ns;
+			m->fault_wait_ns += pager_now_ns() - w->since_ns;
 			free(w);
 		} else {
 			pw = &w->next;
@@ -294,6 +662,7 @@ static void fs_statfs(fuse_req_t req, fuse_ino_t ino)
 static const struct fuse_lowlevel_ops ops = {
 	.init = fs_init,
 	.lookup = fs_lookup,
+	.forget = fs_forget,
 	.getattr = fs_getattr,
 	.readdir = fs_readdir,
 	.open = fs_open,
@@ -340,6 +709,13 @@ static void raise_readahead(const char *dir)
 		fclose(f);
 }
 
+static int watch_fd(struct pager *p, int fd, uint64_t data)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = data };
+
+	return epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
 int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 {
 	char *argv[] = { "stratad", "-o", "ro,default_permissions,allow_other,fsname=strata,subtype=strata", NULL };
@@ -377,6 +753,18 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 		return -EIO;
 	}
 	raise_readahead(dir);
+	pthread_mutex_init(&f->mu, NULL);
+	pthread_cond_init(&f->cv, NULL);
+	f->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	p->fuse = f;
+	if (f->efd >= 0 && pthread_create(&f->thread, NULL, notifier, f) == 0)
+		f->started = true;
+	if (!f->started || watch_fd(p, f->efd, EV(EV_FUSE, f)) ||
+	    watch_fd(p, fuse_session_fd(f->se), EV(EV_FUSE, p))) {
+		snprintf(err, errlen, "%s: cannot start the mount's notifier: %s", dir,
+			 strerror(errno));
+		return -EIO; /* pager_destroy unmounts */
+	}
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct client *c = calloc(1, sizeof(*c));
 
@@ -393,21 +781,14 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 		p->n_clients++;
 		p->models[i].fuse_reader = c;
 	}
-	p->fuse = f;
 	pager_log(PAGER_LOG_NOTICE, "serving %u model%s as files under %s", p->n_models,
 		  p->n_models == 1 ? "" : "s", dir);
 	return 0;
 }
 
-int pager_fuse_fd(const struct pager *p)
-{
-	return p->fuse ? fuse_session_fd(p->fuse->se) : -1;
-}
-
 /* One request from the kernel. */
-void pager_fuse_process(struct pager *p)
+static void process(struct pager_fuse *f)
 {
-	struct pager_fuse *f = p->fuse;
 	int n = fuse_session_receive_buf(f->se, &f->buf);
 
 	if (n > 0)
@@ -416,12 +797,41 @@ void pager_fuse_process(struct pager *p)
 		pager_log_errno(PAGER_LOG_ERR, n, "%s: FUSE session", f->dir);
 }
 
+/* The loop saw the session (ptr == p) or the notifier (ptr == p->fuse). */
+void pager_fuse_event(struct pager *p, void *ptr)
+{
+	if (ptr == p)
+		process(p->fuse);
+	else
+		jobs_collect(p->fuse);
+}
+
 void pager_fuse_stop(struct pager *p)
 {
 	struct pager_fuse *f = p->fuse;
 
 	if (!f)
 		return;
+	if (f->started) {
+		/* The notifier may be waiting on a page under a read only this
+		 * thread can answer: serve the mount until it is done. */
+		pthread_mutex_lock(&f->mu);
+		f->quit = true;
+		pthread_cond_signal(&f->cv);
+		pthread_mutex_unlock(&f->mu);
+		while (f->jobs) {
+			struct pollfd pf[2] = { { fuse_session_fd(f->se), POLLIN, 0 },
+						{ f->efd, POLLIN, 0 } };
+
+			if (poll(pf, 2, -1) < 0 && errno != EINTR)
+				break;
+			if (pf[0].revents & POLLIN)
+				process(f);
+			if (pf[1].revents & POLLIN)
+				jobs_collect(f);
+		}
+		pthread_join(f->thread, NULL);
+	}
 	for (unsigned i = 0; i < p->n_models; i++)
 		while (p->models[i].fuse_waiting) {
 			struct fuse_wait *w = p->models[i].fuse_waiting;
@@ -433,6 +843,11 @@ void pager_fuse_stop(struct pager *p)
 	fuse_session_unmount(f->se);
 	fuse_session_destroy(f->se);
 	free(f->buf.mem);
+	free(f->bounce);
+	if (f->efd >= 0)
+		close(f->efd);
+	pthread_mutex_destroy(&f->mu);
+	pthread_cond_destroy(&f->cv);
 	pager_log(PAGER_LOG_NOTICE, "%s: unmounted", f->dir);
 	free(f->dir);
 	free(f);

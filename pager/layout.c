@@ -146,6 +146,27 @@ static int cover_gaps(struct pager_layout *l)
 	return 0;
 }
 
+/* page -> owning unit, for every page of the image; later units win a
+ * shared page (see pager_layout_unit_of). */
+static int index_pages(struct pager_layout *l)
+{
+	uint64_t n = l->map_size / l->page;
+
+	l->page_unit = malloc((n ? n : 1) * sizeof(*l->page_unit));
+	if (!l->page_unit)
+		return -ENOMEM;
+	for (uint64_t i = 0; i < n; i++)
+		l->page_unit[i] = NO_UNIT;
+	for (unsigned u = 0; u < l->n_units; u++)
+		for (unsigned i = 0; i < l->units[u].n_ext; i++) {
+			const struct pager_extent *e = &l->units[u].ext[i];
+
+			for (uint64_t pg = e->off / l->page; pg < (e->off + e->len) / l->page; pg++)
+				l->page_unit[pg] = (uint16_t)u;
+		}
+	return 0;
+}
+
 int pager_layout_build(const void *image, size_t size, uint64_t page,
 		       struct pager_layout **out, char *err, size_t errlen)
 {
@@ -208,6 +229,8 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 	for (unsigned u = 1; u < l->n_units; u++)
 		if (l->units[u].bytes > l->max_layer_bytes)
 			l->max_layer_bytes = l->units[u].bytes;
+	if (index_pages(l))
+		goto oom;
 	gguf_destroy(g);
 	*out = l;
 	return 0;
@@ -227,22 +250,21 @@ void pager_layout_destroy(struct pager_layout *l)
 		free(l->units[u].trip);
 	}
 	free(l->units);
+	free(l->page_unit);
 	free(l);
 }
 
 /* The unit owning the page at offset off: the last unit whose extents hold
  * it (a boundary page belongs to two; the later one is where the engine is
- * heading).  -1 if no unit does (padding between tensors). */
+ * heading).  -1 if no unit does (padding between tensors).  One table lookup:
+ * the FUSE read path asks this for every page it serves. */
 int pager_layout_unit_of(const struct pager_layout *l, uint64_t off)
 {
-	for (int u = (int)l->n_units - 1; u >= 0; u--) {
-		const struct pager_unit *un = &l->units[u];
+	uint64_t pg = off / l->page;
 
-		for (unsigned i = 0; i < un->n_ext; i++)
-			if (off >= un->ext[i].off && off < un->ext[i].off + un->ext[i].len)
-				return u;
-	}
-	return -1;
+	if (off >= l->map_size || l->page_unit[pg] == NO_UNIT)
+		return -1;
+	return l->page_unit[pg];
 }
 
 bool pager_unit_has_page(const struct pager_unit *u, uint64_t off)

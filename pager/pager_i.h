@@ -32,7 +32,10 @@ struct pager_layout {
 	unsigned n_units;  /* n_layers + 1 */
 	struct pager_unit *units;
 	uint64_t max_layer_bytes;
+	uint16_t *page_unit; /* per page: its unit (the later one if shared), or NO_UNIT */
 };
+
+#define NO_UNIT UINT16_MAX
 
 /* Split the GGUF image into units; -errno with a one-line reason in err. */
 int pager_layout_build(const void *image, size_t size, uint64_t page,

@@ -58,7 +58,7 @@ uint64_t pager_now_ns(void)
 /* A page of unit u that another unit also holds (a boundary page).  Such
  * pages are never punched: a neighbour may be loading into them while an
  * asynchronous punch is queued, and a page per boundary is cheap to keep. */
-static bool page_shared(const struct model *m, unsigned u, uint64_t off)
+bool pager_page_shared(const struct model *m, unsigned u, uint64_t off)
 {
 	for (unsigned v = 0; v < m->lay->n_units; v++)
 		if (v != u && pager_unit_has_page(&m->lay->units[v], off))
@@ -101,9 +101,9 @@ static void release(struct model *m, unsigned u)
 		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
 		struct io_tag *tag;
 
-		if (page_shared(m, u, off))
+		if (pager_page_shared(m, u, off))
 			off += page;
-		if (end > off && page_shared(m, u, end - page))
+		if (end > off && pager_page_shared(m, u, end - page))
 			end -= page;
 		if (end <= off)
 			continue;
@@ -339,7 +339,20 @@ void pager_plan(struct model *m)
 		/* streamed layers in memory at once: the one the engine is in,
 		 * plus the window being read ahead of it */
 		fixed = m->lay->units[0].bytes + (uint64_t)(w + 1) * m->lay->max_layer_bytes;
+		/* the mount stages each streamed layer in the memfd on its way
+		 * into the page cache: one more layer in flight */
+		if (m->fuse_reader)
+			fixed += m->lay->max_layer_bytes;
 		n = allow > fixed && avg ? (unsigned)((allow - fixed) / avg) : 0;
+		if (allow < fixed && !m->warned_small) {
+			pager_log(PAGER_LOG_WARNING,
+				  "%s: an allowance of %.1f MiB is below the %.1f MiB that streaming "
+				  "needs (the other tensors and %u layers); memory use will exceed it "
+				  "(a smaller --window needs less)",
+				  m->name, allow / 1048576.0, fixed / 1048576.0,
+				  w + 1 + (m->fuse_reader != NULL));
+			m->warned_small = true;
+		}
 		if (n > L)
 			n = L;
 		if (n + w > L) /* streaming fewer than `window` layers */
@@ -355,16 +368,17 @@ void pager_plan(struct model *m)
 	}
 }
 
-/* Is streamed unit u within `window` streamed layers ahead of some client of
- * m (or the one a client is in)? */
-static bool needed(const struct model *m, unsigned u)
+/* Is streamed unit u within `window` streamed layers ahead of a client of m
+ * (or the one a client is in)?  fuse: ask about the mount's readers, else
+ * about the userfaultfd clients. */
+static bool needed_by(const struct model *m, unsigned u, bool fuse)
 {
 	unsigned L = m->lay->n_layers;
 
 	for (const struct client *c = m->p->clients; c; c = c->next) {
 		unsigned seen = 0;
 
-		if (c->m != m || (c->state != C_ACTIVE && c->state != C_FUSE))
+		if (c->m != m || c->state != (fuse ? C_FUSE : C_ACTIVE))
 			continue;
 		if (c->pos < 0) {
 			/* not located yet: it starts at layer 0 */
@@ -391,9 +405,54 @@ static bool needed(const struct model *m, unsigned u)
 	return false;
 }
 
+static bool has_uffd_clients(const struct model *m)
+{
+	for (const struct client *c = m->p->clients; c; c = c->next)
+		if (c->m == m && (c->state == C_ACTIVE || c->state == C_REGISTER))
+			return true;
+	return false;
+}
+
+/* Should unit u be in the mount's page cache?  Resident units always, and
+ * the streamed ones the mount's reader is in or about to reach. */
+bool pager_fuse_wants(const struct model *m, unsigned u)
+{
+	return m->fuse_reader && (m->us[u].resident || needed_by(m, u, true));
+}
+
+/* Is a store of unit u into the page cache still to do?  Streamed layers are
+ * stored without their tripwire page (see fuse.c), resident ones whole. */
+bool pager_fuse_store_due(const struct model *m, unsigned u)
+{
+	return pager_fuse_wants(m, u) && (m->us[u].pc == PC_NONE || m->us[u].pc == PC_SOME);
+}
+
+/*
+ * Should unit u be in the memfd?  For userfaultfd clients: resident units
+ * and their streaming window (resident units also when no one is connected
+ * yet and there is no mount, so the first engine finds them ready).  For the
+ * mount, only as the source of a store into the page cache: once stored, the
+ * page cache is the copy and the memfd's goes.
+ */
+bool pager_wants_mem(const struct model *m, unsigned u)
+{
+	bool uffd = has_uffd_clients(m) || !m->fuse_reader;
+
+	if (uffd && (m->us[u].resident || needed_by(m, u, false)))
+		return true;
+	return m->us[u].pc_job == PC_STORING || pager_fuse_store_due(m, u);
+}
+
+/* Bytes this model holds against its allowance: its memfd and what it put
+ * in the mount's page cache. */
+static uint64_t held(const struct model *m)
+{
+	return m->mem_bytes + m->cache_bytes;
+}
+
 /* Bring memory in line with the plan and the clients' positions: evict what
- * is neither resident nor needed, then load resident units and the streaming
- * window while the allowance has room. */
+ * is not wanted, then load what is while the allowance has room; then the
+ * mount's page cache follows (fuse.c). */
 void pager_policy_advance(struct model *m)
 {
 	unsigned U = m->lay->n_units;
@@ -402,14 +461,30 @@ void pager_policy_advance(struct model *m)
 	/* This also frees layers a shrunken plan (pressure, a new client's
 	 * declared memory) no longer keeps resident. */
 	for (unsigned u = 1; u < U; u++)
-		if (m->us[u].state == U_LOADED && !m->us[u].resident && !needed(m, u) &&
-		    !m->waiters[u] && !(m->p->fuse && pager_fuse_waits_for(m, u)))
+		if (m->us[u].state == U_LOADED && !pager_wants_mem(m, u) && !m->waiters[u] &&
+		    !(m->p->fuse && pager_fuse_waits_for(m, u)))
 			evict(m, u);
+	if (m->fuse_reader && m->us[0].state == U_LOADED && !pager_wants_mem(m, 0) && !m->waiters[0] &&
+	    !pager_fuse_waits_for(m, 0))
+		evict(m, 0);
+	if (m->fuse_reader)
+		pager_fuse_advance(m); /* drops first: their room serves the loads below */
 	for (unsigned u = 0; u < U; u++) {
-		if (m->us[u].state != U_ABSENT || !(m->us[u].resident || needed(m, u)))
+		uint64_t need = m->lay->units[u].bytes;
+
+		bool store = m->us[u].pc == PC_NONE && pager_fuse_store_due(m, u);
+
+		if (m->us[u].state != U_ABSENT || !pager_wants_mem(m, u))
 			continue;
-		if (m->mem_bytes + m->lay->units[u].bytes > allow && u != 0)
+		if (store)
+			need *= 2; /* and the page cache's copy, once stored */
+		if (held(m) + need > allow && u != 0)
 			continue; /* no room now; retried at the next step */
+		if (store) {
+			/* count the page cache's copy from now on */
+			m->us[u].pc = PC_SOME;
+			m->cache_bytes += m->lay->units[u].bytes;
+		}
 		if (pager_load(m, u))
 			break;
 	}

@@ -655,8 +655,6 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 	}
 	if (cfg->fuse_dir) {
 		rc = pager_fuse_start(p, cfg->fuse_dir, err, errlen);
-		if (!rc)
-			rc = watch(p, pager_fuse_fd(p), EPOLLIN, EV(EV_FUSE, p));
 		if (rc)
 			goto fail;
 	}
@@ -716,7 +714,7 @@ int pager_run(struct pager *p)
 				break;
 			}
 			case EV_FUSE:
-				pager_fuse_process(p);
+				pager_fuse_event(p, EV_PTR(d));
 				break;
 			case EV_IO:
 				pio_reap(p->io, pager_io_done, p);

@@ -27,6 +27,18 @@
 
 enum ustate { U_ABSENT, U_LOADING, U_LOADED, U_EVICTING };
 
+/* A unit in the FUSE mount's page cache, as far as the daemon knows (the
+ * kernel may reclaim pages behind its back; the count errs on the high side). */
+enum pcstate {
+	PC_NONE,
+	PC_SOME,   /* reads put some of it there */
+	PC_NOTRIP, /* stored, except its tripwire page */
+	PC_ALL,    /* stored whole */
+};
+
+/* A job on the notifier thread for a unit (fuse.c). */
+enum pcjob { PC_IDLE, PC_STORING, PC_DROPPING };
+
 struct ustat {
 	enum ustate state;
 	bool resident;      /* policy: keep in memory */
@@ -34,7 +46,11 @@ struct ustat {
 	unsigned punches_left;
 	bool want_load;     /* load again once the eviction completes */
 	int io_err;
+	uint8_t pc;         /* enum pcstate */
+	uint8_t pc_job;     /* enum pcjob */
+	bool pc_read_during; /* a read refilled it while it was being dropped */
 	uint64_t loads, faults, evictions, bytes_read;
+	uint64_t stores, drops; /* into and out of the mount's page cache */
 };
 
 struct client;
@@ -66,7 +82,11 @@ struct model {
 	int node;                /* NUMA node the image is bound to, -1 none */
 	struct client *fuse_reader;      /* the mount's readers, for the policy */
 	struct fuse_wait *fuse_waiting;  /* FUSE reads waiting for units */
-	uint64_t fuse_reads;
+	uint64_t fuse_reads, fuse_direct; /* reads; those read from the file itself */
+	uint64_t cache_bytes;    /* units (partly) in the mount's page cache */
+	uint64_t fuse_lookups;   /* the kernel's references to the file's inode */
+	bool fuse_no_inode;      /* a store found no inode: wait for a lookup */
+	bool warned_small;       /* the budget cannot hold the streaming window */
 };
 
 enum cstate { C_HELLO, C_REGISTER, C_ACTIVE, C_CONTROL, C_FUSE /* a mount's readers */ };
@@ -123,14 +143,18 @@ void pager_io_done(void *tag, int err, uint64_t bytes, bool last, void *arg);
 void pager_on_pressure(struct pager *p, const char *what);
 void pager_on_restore(struct pager *p);
 void pager_place(struct model *m, pid_t pid);
+bool pager_page_shared(const struct model *m, unsigned u, uint64_t off);
+bool pager_wants_mem(const struct model *m, unsigned u);
+bool pager_fuse_wants(const struct model *m, unsigned u);
+bool pager_fuse_store_due(const struct model *m, unsigned u);
 
 /* server.c */
 void pager_drop_client(struct client *c, const char *why);
 
 /* fuse.c: the FUSE front end (see there) */
 int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen);
-int pager_fuse_fd(const struct pager *p);
-void pager_fuse_process(struct pager *p);
+void pager_fuse_event(struct pager *p, void *ptr);
+void pager_fuse_advance(struct model *m);
 void pager_fuse_stop(struct pager *p);
 void pager_fuse_unit_ready(struct model *m);
 void pager_fuse_unit_failed(struct model *m, unsigned u);

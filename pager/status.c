@@ -10,8 +10,19 @@
 
 /* ---- status ----------------------------------------------------------- */
 
+/* In memory for its readers: in the memfd, or in the mount's page cache. */
+static bool in_memory(const struct model *m, unsigned u)
+{
+	return m->us[u].state == U_LOADED ||
+	       (m->us[u].pc != PC_NONE && m->us[u].pc_job != PC_DROPPING);
+}
+
 static char state_char(const struct model *m, unsigned u)
 {
+	if (m->us[u].pc_job == PC_DROPPING)
+		return 'e';
+	if (m->us[u].state != U_LOADING && in_memory(m, u))
+		return m->us[u].resident ? 'R' : 'L';
 	switch (m->us[u].state) {
 	case U_LOADING:
 		return 'l';
@@ -26,6 +37,10 @@ static char state_char(const struct model *m, unsigned u)
 
 static const char *state_name(const struct model *m, unsigned u)
 {
+	if (m->us[u].pc_job == PC_DROPPING)
+		return "evicting";
+	if (m->us[u].state != U_LOADING && in_memory(m, u))
+		return m->us[u].resident ? "resident" : "loaded";
 	switch (m->us[u].state) {
 	case U_LOADING:
 		return "loading";
@@ -36,6 +51,14 @@ static const char *state_name(const struct model *m, unsigned u)
 	default:
 		return "absent";
 	}
+}
+
+static const char *const pc_name[] = { "none", "some", "all but tripwire", "all" };
+
+/* The mount's readers show once something read the model through it. */
+static bool reader_active(const struct model *m)
+{
+	return m->fuse_reader && m->fuse_reads;
 }
 
 struct sbuf {
@@ -90,7 +113,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		uint64_t resident = 0;
 
 		for (unsigned u = 0; u < m->lay->n_units; u++)
-			if (m->us[u].state == U_LOADED)
+			if (in_memory(m, u))
 				resident += m->lay->units[u].bytes;
 		double tput = busy > 0 ? read_all / busy / 1e6 : 0;
 		if (json) {
@@ -102,6 +125,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			       "\"budget_bytes\": %llu, \"allowance_bytes\": %llu, "
 			       "\"resident_bytes\": %llu, \"resident_layers_planned\": %u, "
 			       "\"bytes_read\": %llu, \"read_mbps\": %.1f, \"fault_wait_ms\": %.3f, "
+			       "\"memfd_bytes\": %llu, \"page_cache_bytes\": %llu, "
 			       "\"other\": {\"state\": \"%s\", \"bytes\": %llu, \"loads\": %llu, "
 			       "\"faults\": %llu}, \"layers\": [",
 			   (unsigned long long)m->lay->file_size,
@@ -109,16 +133,20 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			   (unsigned long long)(pager_allowance(m) == UINT64_MAX ? 0 : pager_allowance(m)),
 			   (unsigned long long)resident, m->n_resident,
 			   (unsigned long long)m->bytes_read, tput, m->fault_wait_ns / 1e6,
+			   (unsigned long long)m->mem_bytes, (unsigned long long)m->cache_bytes,
 			   state_name(m, 0), (unsigned long long)m->lay->units[0].bytes,
 			   (unsigned long long)m->us[0].loads, (unsigned long long)m->us[0].faults);
 			for (unsigned u = 1; u < m->lay->n_units; u++)
 				sb(&s, "%s{\"layer\": %u, \"state\": \"%s\", \"bytes\": %llu, "
-				       "\"loads\": %llu, \"faults\": %llu, \"evictions\": %llu}",
+				       "\"loads\": %llu, \"faults\": %llu, \"evictions\": %llu, "
+				       "\"page_cache\": \"%s\", \"stores\": %llu, \"drops\": %llu}",
 				   u > 1 ? ", " : "", u - 1, state_name(m, u),
 				   (unsigned long long)m->lay->units[u].bytes,
 				   (unsigned long long)m->us[u].loads,
 				   (unsigned long long)m->us[u].faults,
-				   (unsigned long long)m->us[u].evictions);
+				   (unsigned long long)m->us[u].evictions, pc_name[m->us[u].pc],
+				   (unsigned long long)m->us[u].stores,
+				   (unsigned long long)m->us[u].drops);
 			sb(&s, "], \"clients\": [");
 			bool first = true;
 			for (struct client *c = p->clients; c; c = c->next) {
@@ -131,6 +159,13 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 				   c->wait_ns / 1e6);
 				first = false;
 			}
+			if (reader_active(m))
+				sb(&s, "%s{\"pid\": %d, \"kind\": \"fuse\", \"layer\": %d, "
+				       "\"reads\": %llu, \"direct_reads\": %llu, \"read_wait_ms\": %.3f}",
+				   first ? "" : ", ", (int)m->fuse_reader->pid,
+				   m->fuse_reader->pos > 0 ? m->fuse_reader->pos - 1 : -1,
+				   (unsigned long long)m->fuse_reads, (unsigned long long)m->fuse_direct,
+				   m->fuse_reader->wait_ns / 1e6);
 			sb(&s, "]}");
 			continue;
 		}
@@ -153,12 +188,21 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		for (unsigned u = 1; u < m->lay->n_units; u++)
 			sb(&s, " %llu/%llu", (unsigned long long)m->us[u].loads,
 			   (unsigned long long)m->us[u].faults);
-		sb(&s, "\n  clients     %u\n", m->n_clients);
+		if (m->fuse_reader)
+			sb(&s, "\n  memory      %.1f MiB in the memfd, %.1f MiB in the mount's page cache",
+			   m->mem_bytes / 1048576.0, m->cache_bytes / 1048576.0);
+		sb(&s, "\n  clients     %u\n", m->n_clients + reader_active(m));
 		for (struct client *c = p->clients; c; c = c->next)
 			if (c->m == m && c->state == C_ACTIVE)
 				sb(&s, "    pid %-7d uffd  declares %.1f MiB, at layer %d, %llu faults, waited %.1f ms\n",
 				   (int)c->pid, c->declared / 1048576.0, c->pos > 0 ? c->pos - 1 : -1,
 				   (unsigned long long)c->faults, c->wait_ns / 1e6);
+		if (reader_active(m))
+			sb(&s, "    pid %-7d fuse  at layer %d, %llu reads (%llu from the file), waited %.1f ms\n",
+			   (int)m->fuse_reader->pid,
+			   m->fuse_reader->pos > 0 ? m->fuse_reader->pos - 1 : -1,
+			   (unsigned long long)m->fuse_reads, (unsigned long long)m->fuse_direct,
+			   m->fuse_reader->wait_ns / 1e6);
 	}
 	if (json)
 		sb(&s, "]}\n");
