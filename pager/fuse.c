@@ -709,6 +709,28 @@ static void raise_readahead(const char *dir)
 		fclose(f);
 }
 
+/* Is dir the mount point of a (live: its stat answered) strata mount? */
+static bool strata_mount_at(const char *dir)
+{
+	char *real = realpath(dir, NULL), line[4096];
+	FILE *mi = fopen("/proc/self/mountinfo", "r");
+	bool found = false;
+
+	while (real && mi && !found && fgets(line, sizeof(line), mi)) {
+		char mnt[4096], *sep = strstr(line, " - ");
+		char type[64];
+
+		/* id parent maj:min root mountpoint ... - fstype source opts */
+		if (sscanf(line, "%*u %*u %*u:%*u %*s %4095s", mnt) == 1 && !strcmp(mnt, real) &&
+		    sep && sscanf(sep + 3, "%63s", type) == 1 && !strcmp(type, "fuse.strata"))
+			found = true;
+	}
+	if (mi)
+		fclose(mi);
+	free(real);
+	return found;
+}
+
 static int watch_fd(struct pager *p, int fd, uint64_t data)
 {
 	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = data };
@@ -735,6 +757,11 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
 		snprintf(err, errlen, "%s: not a directory", dir);
 		return -ENOTDIR;
+	}
+	if (strata_mount_at(dir)) {
+		snprintf(err, errlen, "%s: another stratad serves a mount here; stop it or choose "
+			 "another directory", dir);
+		return -EBUSY;
 	}
 	f = calloc(1, sizeof(*f));
 	if (!f || !(f->dir = strdup(dir))) {

@@ -385,6 +385,10 @@ def case_fuse():
     paths = [os.path.join(FIX, "models", m) for m in MODELS]
     d = Daemon(paths, "--resident", "0", "--fuse", mnt)
     check("fuse: every model is listed", sorted(os.listdir(mnt)) == MODELS, str(os.listdir(mnt)))
+    r = subprocess.run([STRATAD, "--socket", os.path.join(TMP, "other.sock"), "--fuse", mnt,
+                        paths[0]], capture_output=True, text=True, timeout=30)
+    check("fuse: a second daemon on a live mount is refused",
+          r.returncode == 2 and "another stratad serves a mount here" in r.stderr, r.stderr)
     for m, p in zip(MODELS, paths):
         mounted = os.path.join(mnt, m)
         same_bytes = open(mounted, "rb").read() == open(p, "rb").read()

@@ -17,8 +17,10 @@ under /var/tmp/strata-bench.  Each repetition measures, side by side:
 
 and prints per configuration the median decode tokens/s, the bound
 1 / max(compute time, streamed bytes per token / storage bandwidth), and the
-ratio.  --cgroup adds a run with --budget of half the model inside a memory
-cgroup limited to budget + 64 MiB, and reports its peak usage.
+ratio.  --cgroup adds runs inside a memory cgroup limited to half the model
++ 64 MiB: stratad --budget (half the model) serving the engine through
+userfaultfd, the same serving a plain mmap of its FUSE mount, and a plain
+mmap of the original file; it reports their speeds and peak usage.
 Needs root for drop_caches and the cgroup.  Markdown goes to stdout.
 """
 import argparse, json, os, signal, statistics, subprocess, sys, time
@@ -34,7 +36,7 @@ ap.add_argument("--model")
 ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=8)
 ap.add_argument("--threads", type=int, default=0)
-ap.add_argument("--fractions", default="1,0.75,0.5,0.25")
+ap.add_argument("--fractions", default="1,0.75,0.5,0.25", help="empty: only the cgroup runs")
 ap.add_argument("--cgroup", action="store_true")
 a = ap.parse_args()
 
@@ -57,8 +59,8 @@ def drop_caches():
         pass
 
 
-def bench(extra, pre=None):
-    r = subprocess.run([STRATA, "bench", "-m", model, "-p", "16", "-n", str(a.tokens), "--json",
+def bench(extra, pre=None, path=None):
+    r = subprocess.run([STRATA, "bench", "-m", path or model, "-p", "16", "-n", str(a.tokens), "--json",
                         *thr, *extra], capture_output=True, text=True, preexec_fn=pre)
     if r.returncode:
         sys.exit(f"bench failed: {r.stderr}")
@@ -89,7 +91,7 @@ def stop(p):
     p.wait(30)
 
 
-fractions = [float(x) for x in a.fractions.split(",")]
+fractions = [float(x) for x in a.fractions.split(",") if x]
 rows = {f: [] for f in fractions}
 plain, storage, streamed = [], [], {}
 n_layers = None
@@ -100,11 +102,11 @@ for rep in range(a.reps):
     bench([])  # warm the page cache: the plain run measures a resident model
     plain.append(bench([])["decode_tps"])
     drop_caches()
+    if n_layers is None:
+        p = daemon(["--resident", "0"])
+        n_layers = len(status()["layers"])
+        stop(p)
     for f in fractions:
-        if n_layers is None:
-            p = daemon(["--resident", "0"])
-            n_layers = len(status()["layers"])
-            stop(p)
         n = round(f * n_layers)
         p = daemon(["--resident", str(n)])
         st = status()
@@ -135,24 +137,57 @@ for f in fractions:
           f"{t / bound:.2f}{note} |")
 
 if a.cgroup:
-    cg = f"/sys/fs/cgroup/memory/strata-bench-{os.getpid()}"
+    # Budget half the model; the cgroup's limit adds 64 MiB for the engine's
+    # own memory.  Three ways to run the model in that limit, interleaved per
+    # repetition: through the pager (userfaultfd), through the pager's FUSE
+    # mount (plain mmap of the mounted file), and plain mmap of the original
+    # file, where the kernel's page cache alone decides what stays.
     budget = size // 2
     limit = budget + (64 << 20)
-    os.mkdir(cg)
-    open(os.path.join(cg, "memory.limit_in_bytes"), "w").write(str(limit))
+    mnt = f"/tmp/strata-bench-mnt-{os.getpid()}"
+    os.mkdir(mnt)
+    ways = ["uffd", "fuse", "plain"]
+    got = {w: [] for w in ways}
+    peaks = {w: [] for w in ways}
+    planned = None
+    for rep in range(a.reps):
+        for w in ways:
+            cg = f"/sys/fs/cgroup/memory/strata-bench-{os.getpid()}"
+            os.mkdir(cg)
+            open(os.path.join(cg, "memory.limit_in_bytes"), "w").write(str(limit))
 
-    def into():
-        open(os.path.join(cg, "cgroup.procs"), "w").write(str(os.getpid()))
+            def into():
+                open(os.path.join(cg, "cgroup.procs"), "w").write(str(os.getpid()))
 
-    drop_caches()
-    p = daemon(["--budget", str(budget)], pre=into)
-    r = bench(["--pager", sock], pre=into)
-    st = status()
-    stop(p)
-    peak = int(open(os.path.join(cg, "memory.max_usage_in_bytes")).read())
-    os.rmdir(cg)
-    print(f"\nUnder a memory cgroup limited to {limit / 2**20:.0f} MiB (budget {budget / 2**20:.0f} MiB "
-          f"= half the model, + 64 MiB for the engine): {st['resident_layers_planned']} of "
-          f"{n_layers} layers resident, decode {r['decode_tps']:.3f} tok/s, prompt "
-          f"{r['prompt_tps']:.3f} tok/s, cgroup peak {peak / 2**20:.0f} MiB "
-          f"({'under' if peak < limit else 'OVER'} the limit).")
+            drop_caches()
+            p = None
+            if w == "plain":
+                r = bench([], pre=into)
+            else:
+                p = daemon(["--budget", str(budget)] + (["--fuse", mnt] if w == "fuse" else []),
+                           pre=into)
+                planned = status()["resident_layers_planned"]
+                if w == "uffd":
+                    r = bench(["--pager", sock], pre=into)
+                else:
+                    r = bench([], pre=into, path=os.path.join(mnt, os.path.basename(model)))
+                stop(p)
+            got[w].append(r["decode_tps"])
+            peaks[w].append(int(open(os.path.join(cg, "memory.max_usage_in_bytes")).read()))
+            os.rmdir(cg)
+        print(f"cgroup rep {rep + 1}: " + ", ".join(f"{w} {got[w][-1]:.3f} tok/s peak "
+              f"{peaks[w][-1] / 2**20:.0f} MiB" for w in ways), file=sys.stderr)
+    os.rmdir(mnt)
+    med = {w: statistics.median(got[w]) for w in ways}
+    print(f"\nUnder a memory cgroup limited to {limit / 2**20:.0f} MiB (budget "
+          f"{budget / 2**20:.0f} MiB = half the model, + 64 MiB for the engine); the pager "
+          f"plans {planned} of {n_layers} layers resident:\n")
+    print("| how the engine maps the model | decode tok/s (runs) | peak MiB (max) | vs uffd |")
+    print("|---|---|---|---|")
+    names = {"uffd": "`--pager` (userfaultfd)", "fuse": "plain mmap of the FUSE mount",
+             "plain": "plain mmap of the file"}
+    for w in ways:
+        runs = ", ".join(f"{x:.3f}" for x in got[w])
+        peak = max(peaks[w])
+        print(f"| {names[w]} | {med[w]:.3f} ({runs}) | {peak / 2**20:.0f} "
+              f"({'under' if peak < limit else 'OVER'}) | {med[w] / med['uffd']:.2f} |")
