@@ -115,7 +115,6 @@ static void fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	for (unsigned i = 0; i < p->n_models; i++)
 		if (!strcmp(p->models[i].name, name)) {
 			p->models[i].fuse_lookups++;
-			p->models[i].fuse_no_inode = false;
 			e.ino = i + 2;
 			fill_attr(p, e.ino, &e.attr);
 			fuse_reply_entry(req, &e);
@@ -132,6 +131,7 @@ static void fs_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 
 	if (m) {
 		m->fuse_lookups = m->fuse_lookups > nlookup ? m->fuse_lookups - nlookup : 0;
+		m->fuse_inode = m->fuse_lookups > 0;
 		for (unsigned u = 0; !m->fuse_lookups && u < m->lay->n_units; u++)
 			if (m->us[u].pc != PC_NONE && m->us[u].pc_job == PC_IDLE) {
 				m->us[u].pc = PC_NONE;
@@ -202,6 +202,10 @@ static void fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	fi->keep_cache = 1;
 	fuse_reply_open(req, fi);
+	/* the kernel has an inode to store into now: the policy may fill its
+	 * page cache */
+	model_of(p, ino)->fuse_inode = true;
+	pager_policy_advance(model_of(p, ino));
 }
 
 /* ---- the notifier thread --------------------------------------------- */
@@ -377,9 +381,12 @@ static void jobs_collect(struct pager_fuse *f)
 			}
 			us->drops++;
 		} else if (j->err == -ENOENT) {
-			/* the kernel has no inode for the file (nobody looked
-			 * it up yet, or it forgot it): nothing to store into */
-			j->m->fuse_no_inode = true;
+			/* the kernel has no inode for the file any more (it
+			 * forgot it), and so no page cache: until the next open */
+			j->m->fuse_inode = false;
+			if (us->pc != PC_NONE)
+				j->m->cache_bytes -= j->m->lay->units[j->u].bytes;
+			us->pc = PC_NONE;
 		} else if (j->err != -ECANCELED) {
 			pager_log_errno(PAGER_LOG_ERR, j->err, "%s: %s layer %d", j->m->name,
 					j->kind == PC_STORING ? "storing" : "dropping",
@@ -410,7 +417,7 @@ void pager_fuse_advance(struct model *m)
 			continue;
 		if (us->pc != PC_NONE && !pager_fuse_wants(m, u) && !pager_fuse_waits_for(m, u)) {
 			job_queue(f, m, u, PC_DROPPING, false);
-		} else if (us->state == U_LOADED && pager_fuse_store_due(m, u) && !m->fuse_no_inode) {
+		} else if (us->state == U_LOADED && pager_fuse_store_due(m, u)) {
 			if (us->pc == PC_NONE) {
 				us->pc = PC_SOME;
 				m->cache_bytes += m->lay->units[u].bytes;
@@ -468,10 +475,9 @@ static enum how how_to_read(struct model *m, uint64_t off, uint64_t len)
 		if (u < 0 || u == last || m->us[u].state == U_LOADED)
 			continue;
 		last = u;
-		if (m->us[u].state == U_LOADING)
-			how = WAIT;
-		else if (how == READY)
-			how = DIRECT;
+		if (m->us[u].state != U_LOADING)
+			return DIRECT; /* nothing will bring this one into the memfd */
+		how = WAIT;
 	}
 	return how;
 }
@@ -535,6 +541,7 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	struct model *m = model_of(p, ino);
 	struct client *r;
 	struct fuse_wait *w;
+	enum how how;
 	uint64_t len;
 	int u;
 
@@ -556,9 +563,12 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	if (r->faults++ % 64 == 0 || !r->pid)
 		r->pid = reader_pid(req);
 	m->fuse_reads++;
-	m->fuse_no_inode = false;
+	m->fuse_inode = true;
 	pager_policy_advance(m);
-	switch (how_to_read(m, (uint64_t)off, len)) {
+	how = how_to_read(m, (uint64_t)off, len);
+	if (how == WAIT && p->fuse->quit)
+		how = DIRECT;
+	switch (how) {
 	case READY:
 		fuse_reply_buf(req, (const char *)m->map + off, len);
 		note_read(m, (uint64_t)off, len);
@@ -583,35 +593,28 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	m->fuse_waiting = w;
 }
 
-static bool range_loaded(const struct model *m, uint64_t off, uint64_t len)
-{
-	for (uint64_t pg = off - off % m->lay->page; pg < off + len; pg += m->lay->page) {
-		int u = pager_layout_unit_of(m->lay, pg);
-
-		if (u >= 0 && m->us[u].state != U_LOADED)
-			return false;
-	}
-	return true;
-}
-
-/* Called when a unit of m finished loading: answer reads now complete. */
+/* A unit of m finished loading: answer the reads waiting for it. */
 void pager_fuse_unit_ready(struct model *m)
 {
 	struct fuse_wait **pw = &m->fuse_waiting;
 
 	while (*pw) {
 		struct fuse_wait *w = *pw;
+		enum how how = how_to_read(m, w->off, w->len);
 
-		if (range_loaded(m, w->off, w->len)) {
-			*pw = w->next;
-			fuse_reply_buf(w->req, (const char *)m->map + w->off, w->len);
-			note_read(m, w->off, w->len);
-			m->fuse_reader->wait_ns += pager_now_ns() - w->since_ns;
-			m->fault_wait_ns += pager_now_ns() - w->since_ns;
-			free(w);
-		} else {
+		if (how == WAIT) {
 			pw = &w->next;
+			continue;
 		}
+		*pw = w->next;
+		if (how == READY)
+			fuse_reply_buf(w->req, (const char *)m->map + w->off, w->len);
+		else
+			reply_direct(m->p->fuse, w->req, m, w->off, w->len);
+		note_read(m, w->off, w->len);
+		m->fuse_reader->wait_ns += pager_now_ns() - w->since_ns;
+		m->fault_wait_ns += pager_now_ns() - w->since_ns;
+		free(w);
 	}
 }
 
@@ -839,9 +842,18 @@ void pager_fuse_stop(struct pager *p)
 
 	if (!f)
 		return;
+	for (unsigned i = 0; i < p->n_models; i++)
+		while (p->models[i].fuse_waiting) {
+			struct fuse_wait *w = p->models[i].fuse_waiting;
+
+			p->models[i].fuse_waiting = w->next;
+			fuse_reply_err(w->req, EIO);
+			free(w);
+		}
 	if (f->started) {
 		/* The notifier may be waiting on a page under a read only this
-		 * thread can answer: serve the mount until it is done. */
+		 * thread can answer: serve the mount until it is done (reads
+		 * then never wait for the loader, which has stopped). */
 		pthread_mutex_lock(&f->mu);
 		f->quit = true;
 		pthread_cond_signal(&f->cv);
@@ -859,14 +871,6 @@ void pager_fuse_stop(struct pager *p)
 		}
 		pthread_join(f->thread, NULL);
 	}
-	for (unsigned i = 0; i < p->n_models; i++)
-		while (p->models[i].fuse_waiting) {
-			struct fuse_wait *w = p->models[i].fuse_waiting;
-
-			p->models[i].fuse_waiting = w->next;
-			fuse_reply_err(w->req, EIO);
-			free(w);
-		}
 	fuse_session_unmount(f->se);
 	fuse_session_destroy(f->se);
 	free(f->buf.mem);

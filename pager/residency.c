@@ -414,10 +414,11 @@ static bool has_uffd_clients(const struct model *m)
 }
 
 /* Should unit u be in the mount's page cache?  Resident units always, and
- * the streamed ones the mount's reader is in or about to reach. */
+ * the streamed ones the mount's reader is in or about to reach; but only
+ * once the file was opened: before, the kernel has no page cache for it. */
 bool pager_fuse_wants(const struct model *m, unsigned u)
 {
-	return m->fuse_reader && (m->us[u].resident || needed_by(m, u, true));
+	return m->fuse_reader && m->fuse_inode && (m->us[u].resident || needed_by(m, u, true));
 }
 
 /* Is a store of unit u into the page cache still to do?  Streamed layers are

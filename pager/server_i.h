@@ -85,7 +85,7 @@ struct model {
 	uint64_t fuse_reads, fuse_direct; /* reads; those read from the file itself */
 	uint64_t cache_bytes;    /* units (partly) in the mount's page cache */
 	uint64_t fuse_lookups;   /* the kernel's references to the file's inode */
-	bool fuse_no_inode;      /* a store found no inode: wait for a lookup */
+	bool fuse_inode;         /* the kernel has the file's inode (it was opened) */
 	bool warned_small;       /* the budget cannot hold the streaming window */
 };
 

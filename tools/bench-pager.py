@@ -72,10 +72,18 @@ def status():
     return json.loads(r.stdout)["models"][0] if r.returncode == 0 else None
 
 
-def daemon(args, pre=None):
+def daemon(args, pre=None, opened=None):
+    """stratad, once its resident layers are in memory.  opened: a file in its
+    mount to open first (the mount fills a file's page cache once opened)."""
     p = subprocess.Popen([STRATAD, "--socket", sock, *args, model], stderr=subprocess.DEVNULL,
                          preexec_fn=pre)
     end = time.monotonic() + 120
+    while opened and time.monotonic() < end:
+        try:
+            open(opened, "rb").close()  # from this process: the cgroup is the daemon's
+            break
+        except OSError:
+            time.sleep(0.05)  # the mount is not up yet
     # ready when every resident layer is loaded
     while time.monotonic() < end:
         st = status()
@@ -165,7 +173,8 @@ if a.cgroup:
                 r = bench([], pre=into)
             else:
                 p = daemon(["--budget", str(budget)] + (["--fuse", mnt] if w == "fuse" else []),
-                           pre=into)
+                           pre=into, opened=os.path.join(mnt, os.path.basename(model))
+                           if w == "fuse" else None)
                 planned = status()["resident_layers_planned"]
                 if w == "uffd":
                     r = bench(["--pager", sock], pre=into)
