@@ -77,6 +77,10 @@ int eng_model_load_vocab(const void *base, size_t size, struct eng_model **out, 
 void eng_model_destroy(struct eng_model *m);
 const struct eng_hparams *eng_model_hparams(const struct eng_model *m);
 const struct eng_tokenizer *eng_model_tokenizer(const struct eng_model *m);
+/* Bytes of weights the forward pass reads for one decoded token: every
+ * matrix, norm and bias once, one embedding row (0 for a vocabulary-only
+ * model).  Memory bandwidth divided by this bounds decode tok/s. */
+uint64_t eng_model_token_bytes(const struct eng_model *m);
 
 struct eng_ctx_config {
 	uint32_t n_ctx;     /* 0: min(n_ctx_train, 4096) */

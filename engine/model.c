@@ -938,3 +938,29 @@ void eng_unmap_file(const void *base, size_t size)
 	if (base && size)
 		munmap((void *)base, size);
 }
+
+/* ---- what one decoded token reads ------------------------------------- */
+
+static uint64_t wt_bytes(const struct wt *w)
+{
+	return w->data ? (uint64_t)w->row_bytes * w->ne1 : 0;
+}
+
+uint64_t eng_model_token_bytes(const struct eng_model *m)
+{
+	uint64_t n = wt_bytes(&m->out_norm) + wt_bytes(&m->output);
+
+	/* One embedding row; with tied output it is inside `output` already.
+	 * rope_freqs is read once, in eng_ctx_create. */
+	if (!m->hp.tied_output)
+		n += m->tok_embd.row_bytes;
+	for (uint32_t i = 0; m->layers && i < m->hp.n_layer; i++) {
+		const struct layer_w *l = &m->layers[i];
+
+		n += wt_bytes(&l->attn_norm) + wt_bytes(&l->wq) + wt_bytes(&l->wk) +
+		     wt_bytes(&l->wv) + wt_bytes(&l->wo) + wt_bytes(&l->bq) + wt_bytes(&l->bk) +
+		     wt_bytes(&l->bv) + wt_bytes(&l->ffn_norm) + wt_bytes(&l->gate) +
+		     wt_bytes(&l->up) + wt_bytes(&l->down);
+	}
+	return n;
+}

@@ -8,9 +8,14 @@
  * The weights reach the engine as (base, size) of the whole file, from
  * open_weights(): a plain mmap, or, with --pager SOCKET (or $STRATA_PAGER),
  * the pager's mapping.  Nothing else in the engine knows the difference.
+ *
+ * bench also measures the machine (hwbench.h) after the engine has run, so
+ * neither the timings nor the peak RSS it reports include the measurement.
  */
 #include "engine.h"
+#include "hwbench.h"
 #include "pager.h"
+#include "threads.h"
 #include "tokenizer.h"
 
 #include <errno.h>
@@ -23,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,7 +53,7 @@ static const char usage_text[] =
 	"           [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
 	"  eval     -m MODEL --tokens ID,ID,... --logits-out FILE [-t THREADS] [-c CTX]\n"
 	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
-	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [--json]\n"
+	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [--json] [--no-hw]\n"
 	"\n"
 	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
 	"model through a running stratad instead of mmap.\n"
@@ -76,6 +82,7 @@ struct opts {
 	unsigned ctx;
 	bool no_bos;
 	bool json;
+	bool no_hw;
 	struct eng_sampler_config samp;
 	bool seen_n, seen_p;
 };
@@ -92,6 +99,7 @@ enum {
 	OPT_TEXT,
 	OPT_JSON,
 	OPT_PAGER,
+	OPT_NO_HW,
 };
 
 static bool parse_long(const char *s, long lo, long hi, long *out)
@@ -141,6 +149,7 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "text", required_argument, NULL, OPT_TEXT },
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "pager", required_argument, NULL, OPT_PAGER },
+		{ "no-hw", no_argument, NULL, OPT_NO_HW },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -229,6 +238,9 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			break;
 		case OPT_PAGER:
 			o->pager = optarg;
+			break;
+		case OPT_NO_HW:
+			o->no_hw = true;
 			break;
 		case 'h':
 			fputs(usage_text, stdout);
@@ -618,13 +630,82 @@ out:
 	return rc;
 }
 
+/*
+ * What bench measures of the machine: memory read bandwidth over a buffer
+ * far larger than any L3, and O_DIRECT read bandwidth of the model file,
+ * the way stratad reads it (1 MiB reads, 16 in flight).  A small model file
+ * is read again until enough bytes went by to time; a large one only in
+ * part.  One to two seconds in all on this project's machine.
+ */
+#define HW_MEM_BYTES (1ull << 30)
+#define HW_MEM_PASSES 5
+#define HW_IO_CHUNK (1ull << 20)
+#define HW_IO_DEPTH 16
+#define HW_IO_MAX (1ull << 30)
+#define HW_IO_MIN (256ull << 20)
+
+struct hw {
+	bool measured;         /* false with --no-hw */
+	unsigned threads;
+	int mem_rc, io_rc;     /* 0 or -errno */
+	struct hwbench_result mem, io;
+	char io_err[200];
+	uint64_t file_bytes;
+};
+
+static void measure_hw(const char *path, unsigned threads, struct hw *h)
+{
+	struct hwbench_io_config io = {
+		.chunk = HW_IO_CHUNK,
+		.depth = HW_IO_DEPTH,
+		.max_bytes = HW_IO_MAX,
+		.min_bytes = HW_IO_MIN,
+	};
+	struct stat st;
+
+	h->measured = true;
+	h->threads = threads;
+	h->mem_rc = hwbench_mem_read(threads, HW_MEM_BYTES, HW_MEM_PASSES, &h->mem);
+	h->io_rc = hwbench_storage_read(path, &io, &h->io, h->io_err, sizeof(h->io_err));
+	if (stat(path, &st) == 0)
+		h->file_bytes = (uint64_t)st.st_size;
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped. */
+static void json_str(const char *str)
+{
+	putchar('"');
+	for (const unsigned char *p = (const unsigned char *)str; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			printf("\\%c", *p);
+		else if (*p < 0x20)
+			printf("\\u%04x", *p);
+		else
+			putchar(*p);
+	}
+	putchar('"');
+}
+
+/* A number, or null when not measured (ok false). */
+static void json_num(const char *key, bool ok, double v)
+{
+	if (ok)
+		printf(", \"%s\": %.3f", key, v);
+	else
+		printf(", \"%s\": null", key);
+}
+
 static int cmd_bench(int argc, char **argv)
 {
 	struct opts o;
 	struct session s;
+	struct hw h = { 0 };
 	int32_t *ids = NULL;
 	float *logits = NULL;
 	double t0, t1, t2, pp_tps = 0, tg_tps = 0;
+	uint64_t rss, tok_bytes;
+	bool mem_ok, io_ok;
+	double bound = 0, stream = 0, frac = 0;
 	int rc = parse_opts(argc, argv, "bench", &o);
 
 	if (rc)
@@ -667,18 +748,79 @@ static int cmd_bench(int argc, char **argv)
 		pp_tps = o.n_prompt / (t1 - t0);
 	if (o.n_predict)
 		tg_tps = o.n_predict / (t2 - t1);
+	/* Before the memory measurement allocates its buffer. */
+	rss = peak_rss_bytes();
+	if (!o.no_hw)
+		measure_hw(o.model, o.threads ? o.threads : eng_cpu_count(), &h);
+	tok_bytes = eng_model_token_bytes(s.model);
+	mem_ok = h.measured && h.mem_rc == 0 && h.mem.gbps > 0 && tok_bytes;
+	io_ok = h.measured && h.io_rc == 0 && h.io.gbps > 0 && tok_bytes;
+	if (mem_ok) {
+		bound = h.mem.gbps * 1e9 / (double)tok_bytes;
+		frac = tg_tps / bound;
+	}
+	if (io_ok)
+		stream = h.io.gbps * 1e9 / (double)tok_bytes;
 	if (o.json) {
-		printf("{\"model\": \"%s\", \"n_prompt\": %ld, \"n_decode\": %ld, \"threads\": %u, "
+		printf("{\"model\": ");
+		json_str(s.hp->name);
+		printf(", \"n_prompt\": %ld, \"n_decode\": %ld, \"threads\": %u, "
 		       "\"prompt_tps\": %.3f, \"decode_tps\": %.3f, \"peak_rss_bytes\": %" PRIu64
-		       ", \"model_bytes\": %" PRIu64 "}\n",
-		       s.hp->name, o.n_prompt, o.n_predict, o.threads, pp_tps, tg_tps,
-		       peak_rss_bytes(), s.hp->weight_bytes);
+		       ", \"model_bytes\": %" PRIu64 ", \"token_weight_bytes\": %" PRIu64,
+		       o.n_prompt, o.n_predict, o.threads, pp_tps, tg_tps, rss, s.hp->weight_bytes,
+		       tok_bytes);
+		json_num("mem_read_gbps", mem_ok, h.mem.gbps);
+		printf(", \"mem_read_threads\": %u", h.threads);
+		json_num("storage_read_gbps", io_ok, h.io.gbps);
+		printf(", \"storage_read_bytes\": %" PRIu64 ", \"storage_read_error\": ", h.io.bytes);
+		if (!h.measured)
+			json_str("not measured (--no-hw)");
+		else if (h.io_rc)
+			json_str(h.io_err);
+		else
+			printf("null");
+		json_num("decode_bound_tps", mem_ok, bound);
+		json_num("decode_fraction", mem_ok, frac);
+		json_num("stream_bound_tps", io_ok, stream);
+		printf("}\n");
 	} else {
 		printf("model        %s (%s, %.1f MiB of weights)\n", o.model, s.hp->arch_name,
 		       s.hp->weight_bytes / 1048576.0);
 		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
 		printf("decode       %ld tokens  %.2f tok/s\n", o.n_predict, tg_tps);
-		printf("peak RSS     %.1f MiB\n", peak_rss_bytes() / 1048576.0);
+		printf("peak RSS     %.1f MiB\n", rss / 1048576.0);
+		if (!h.measured)
+			goto out;
+		if (h.mem_rc)
+			printf("memory read  n/a (%s)\n", strerror(-h.mem_rc));
+		else
+			printf("memory read  %.2f GB/s  (%u threads, fastest of %d reads of %.0f MiB)\n",
+			       h.mem.gbps, h.threads, HW_MEM_PASSES, h.mem.bytes / 1048576.0);
+		if (h.io_rc)
+			printf("storage read n/a (%s)\n", h.io_err);
+		else if (h.io.bytes > h.file_bytes)
+			printf("storage read %.2f GB/s  (O_DIRECT, 1 MiB x %d in flight, %.0f MiB: "
+			       "the %.1f MiB file read again and again)\n",
+			       h.io.gbps, HW_IO_DEPTH, h.io.bytes / 1048576.0,
+			       h.file_bytes / 1048576.0);
+		else if (h.io.bytes == h.file_bytes)
+			printf("storage read %.2f GB/s  (O_DIRECT, 1 MiB x %d in flight, the whole "
+			       "%.0f MiB model file)\n",
+			       h.io.gbps, HW_IO_DEPTH, h.io.bytes / 1048576.0);
+		else
+			printf("storage read %.2f GB/s  (O_DIRECT, 1 MiB x %d in flight, first %.0f MiB "
+			       "of the model file)\n",
+			       h.io.gbps, HW_IO_DEPTH, h.io.bytes / 1048576.0);
+		if (mem_ok) {
+			printf("decode bound %.2f tok/s  (memory read / %.1f MiB of weights per "
+			       "token)\n",
+			       bound, tok_bytes / 1048576.0);
+			printf("fraction     %.3f of the decode bound\n", frac);
+		}
+		if (io_ok)
+			printf("stream bound %.2f tok/s  (storage read / weights per token: every "
+			       "weight streamed)\n",
+			       stream);
 	}
 	goto out;
 fail:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The strata command line as users script it: the stories260K greedy
-# continuation, eval output size, tokenize, and exit codes/messages for usage
-# errors and bad models.
+# continuation, eval output size, tokenize, exit codes/messages for usage
+# errors and bad models, and bench's output (engine speed, the machine's
+# bandwidths, the bound they imply).
 set -uo pipefail
 S=${STRATA_BIN:?}
 F=${STRATA_FIXTURES:?}
@@ -54,8 +55,58 @@ expect "bad input: token out of range" 2 "$S" eval -m "$F/models/stories260K.ggu
 expect "bad input: token not a number" 2 "$S" eval -m "$F/models/stories260K.gguf" --tokens 1,x --logits-out "$T/x"
 expect "bad input: refused vocabulary" 2 "$S" tokenize -m "$F/vocab/ggml-vocab-bert-bge.gguf" --text hi
 
-# 5. bench --json carries the fields scripts read.
+# 5. bench --json carries the fields scripts read, and the machine's
+# bandwidths with the bound they put on decoding (sane, not exact, values).
 "$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --json >"$T/b.json"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["prompt_tps"]>0 and d["decode_tps"]>0 and d["peak_rss_bytes"]>0' "$T/b.json"
 check "bench --json fields" $?
+python3 - "$T/b.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert 0 < d["token_weight_bytes"] <= d["model_bytes"], d
+assert 0.5 < d["mem_read_gbps"] < 10000 and d["mem_read_threads"] >= 1, d
+# storage: a number, or n/a with the reason (fixtures on tmpfs)
+assert (d["storage_read_gbps"] is not None and d["storage_read_gbps"] > 0.001
+        and d["storage_read_bytes"] > 0 and d["storage_read_error"] is None
+        and abs(d["stream_bound_tps"] - d["storage_read_gbps"] * 1e9 / d["token_weight_bytes"])
+            <= 0.01 * d["stream_bound_tps"] + 0.01) or \
+       (d["storage_read_gbps"] is None and d["storage_read_error"]), d
+bound = d["mem_read_gbps"] * 1e9 / d["token_weight_bytes"]
+assert abs(d["decode_bound_tps"] - bound) <= 0.01 * bound, d
+assert abs(d["decode_fraction"] - d["decode_tps"] / d["decode_bound_tps"]) < 0.01, d
+assert d["decode_fraction"] > 0, d
+PY
+check "bench --json: bandwidths, decode bound and fraction" $?
+
+num='[0-9]+(\.[0-9]+)?'
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 >"$T/b.txt" 2>"$T/err"
+check "bench: exit 0" $?
+grep -Eq "^memory read  $num GB/s  \([0-9]+ threads" "$T/b.txt" &&
+	awk '/^memory read/ { exit !($3 > 0) }' "$T/b.txt"
+check "bench: memory read line" $?
+grep -Eq "^storage read ($num GB/s  \(O_DIRECT|n/a \(.+\))" "$T/b.txt"
+check "bench: storage read line" $?
+grep -Eq "^decode bound $num tok/s" "$T/b.txt" &&
+	awk '/^decode bound/ { exit !($3 > 0) }' "$T/b.txt"
+check "bench: decode bound line" $?
+awk '/^fraction / { f = $2 } END { exit !(f > 0) }' "$T/b.txt"
+check "bench: fraction line" $?
+[ $fail = 0 ] || cat "$T/b.txt" "$T/err"
+
+# The same file on tmpfs has no storage under it: n/a with the reason.
+if [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then
+	shm=$(mktemp /dev/shm/strata-cli-XXXXXX.gguf)
+	cp "$F/models/stories260K.gguf" "$shm"
+	"$S" bench -m "$shm" -p 2 -n 2 >"$T/shm.txt"
+	grep -q "^storage read n/a (.*tmpfs" "$T/shm.txt"; check "bench: storage n/a on tmpfs" $?
+	rm -f "$shm"
+fi
+
+# --no-hw: no measurement, null fields, the engine numbers still there.
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --no-hw --json >"$T/n.json"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["decode_tps"]>0 and d["mem_read_gbps"] is None and d["decode_bound_tps"] is None and d["storage_read_error"]' "$T/n.json"
+check "bench --no-hw --json" $?
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --no-hw >"$T/n.txt"
+grep -q "^decode " "$T/n.txt" && ! grep -q "^memory read" "$T/n.txt"
+check "bench --no-hw: no bandwidth lines" $?
 exit $fail

@@ -60,7 +60,9 @@ def drop_caches():
 
 
 def bench(extra, pre=None, path=None):
-    r = subprocess.run([STRATA, "bench", "-m", path or model, "-p", "16", "-n", str(a.tokens), "--json",
+    # --no-hw: the machine is measured here once (strata-iobench), not per run
+    r = subprocess.run([STRATA, "bench", "-m", path or model, "-p", "16", "-n", str(a.tokens),
+                        "--json", "--no-hw",
                         *thr, *extra], capture_output=True, text=True, preexec_fn=pre)
     if r.returncode:
         sys.exit(f"bench failed: {r.stderr}")

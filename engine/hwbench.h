@@ -1,0 +1,53 @@
+/*
+ * hwbench.h - the two machine bandwidths that bound the engine's speed.
+ *
+ *   memory read   every weight byte a decoded token needs is read once from
+ *                 RAM, so tok/s <= memory bandwidth / bytes per token;
+ *   storage read  a weight that is not resident is read from the model file,
+ *                 so a streamed model is bound by storage bandwidth instead.
+ *
+ * Both are measured the way the engine and stratad use the hardware: memory
+ * with the engine's thread count and AVX2 loads, storage with io_uring,
+ * O_DIRECT and 1 MiB reads, 16 in flight (stratad's reader, pager/io.c).
+ * Used by `strata bench` and by strata-iobench.  No state: each call sets up
+ * and tears down everything it uses.
+ */
+#ifndef STRATA_HWBENCH_H
+#define STRATA_HWBENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct hwbench_result {
+	uint64_t bytes;  /* read in the timed interval (memory: one pass) */
+	double seconds;  /* of that interval (memory: the fastest pass) */
+	double gbps;     /* bytes / seconds / 1e9 */
+};
+
+/*
+ * Memory read bandwidth: allocate `bytes` (rounded down to 4 KiB), touch it
+ * from n_threads threads, then read it `passes` times with n_threads threads
+ * splitting it evenly; the result is the fastest pass.  0 or -errno.
+ */
+int hwbench_mem_read(unsigned n_threads, uint64_t bytes, unsigned passes,
+		     struct hwbench_result *out);
+
+struct hwbench_io_config {
+	uint64_t chunk;     /* bytes per read, a multiple of 4096; 0: 1 MiB */
+	unsigned depth;     /* reads in flight, 1..256; 0: 16 */
+	uint64_t max_bytes; /* read at most the first max_bytes of the file; 0: all */
+	uint64_t min_bytes; /* read that range again until this much was read; 0: once */
+};
+
+/*
+ * Storage read bandwidth of `path`: O_DIRECT reads with io_uring into
+ * reused buffers, so the page cache is neither used nor disturbed.  Returns
+ * 0, or -errno with a one-line reason in err: -EINVAL when the file system
+ * refuses O_DIRECT, -EOPNOTSUPP when the file lives in memory (tmpfs,
+ * ramfs: there is no storage to measure), or what open, io_uring or a read
+ * failed with.
+ */
+int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
+			 struct hwbench_result *out, char *err, size_t errlen);
+
+#endif
