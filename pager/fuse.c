@@ -29,6 +29,7 @@
 
 #include <errno.h>
 #include <fuse_lowlevel.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -52,6 +53,9 @@ struct pager_fuse {
 	char *dir;
 	uint8_t *bounce; /* page-aligned, for reads from the file itself */
 	uint64_t bounce_len;
+	uint8_t *slot[PAGER_FUSE_SLOTS]; /* staging: the streamer's, page-aligned */
+	bool slot_busy[PAGER_FUSE_SLOTS];
+	unsigned stage_reads;            /* staging reads on the ring */
 	/* the notifier thread: todo and done under mu; jobs and efd the loop's */
 	pthread_t thread;
 	bool started;
@@ -225,7 +229,10 @@ struct job {
 	struct model *m;
 	unsigned u;
 	enum pcjob kind;
-	bool whole; /* a store of the tripwire page too */
+	/* a store: a chunk of the unit, read into staging slot `slot` */
+	unsigned slot;
+	uint64_t off, len;
+	bool whole; /* the tripwire page too */
 	int err;
 };
 
@@ -280,7 +287,10 @@ static uint64_t trip_page(const struct model *m, unsigned u)
 
 #define STORE_CHUNK (4u << 20)
 
-static int store(struct pager_fuse *f, struct model *m, uint64_t off, uint64_t end)
+/* Store [off, end) of the model into the page cache from src (the bytes of
+ * the file from offset base on). */
+static int store(struct pager_fuse *f, struct model *m, const uint8_t *src, uint64_t base,
+		 uint64_t off, uint64_t end)
 {
 	fuse_ino_t ino = m->idx + 2;
 
@@ -292,7 +302,7 @@ static int store(struct pager_fuse *f, struct model *m, uint64_t off, uint64_t e
 		struct fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
 		int rc;
 
-		bv.buf[0].mem = m->map + off;
+		bv.buf[0].mem = (void *)(src + (off - base));
 		rc = fuse_lowlevel_notify_store(f->se, ino, (off_t)off, &bv, 0);
 		if (rc)
 			return rc;
@@ -306,21 +316,24 @@ static void job_run(struct pager_fuse *f, struct job *j)
 	struct model *m = j->m;
 	const struct pager_unit *un = &m->lay->units[j->u];
 	uint64_t page = m->lay->page;
-	uint64_t trip = j->whole ? UINT64_MAX : trip_page(m, j->u);
 
 	j->err = 0;
+	if (j->kind == PC_STORING) {
+		const uint8_t *src = f->slot[j->slot];
+		uint64_t off = j->off, end = j->off + j->len;
+		uint64_t trip = j->whole ? UINT64_MAX : trip_page(m, j->u);
+
+		if (trip >= off && trip < end) {
+			j->err = store(f, m, src, j->off, off, trip);
+			off = trip + page;
+		}
+		if (!j->err)
+			j->err = store(f, m, src, j->off, off, end);
+		return;
+	}
 	for (unsigned i = 0; i < un->n_ext && !j->err; i++) {
 		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
 
-		if (j->kind == PC_STORING) {
-			if (trip >= off && trip < end) {
-				j->err = store(f, m, off, trip);
-				off = trip + page;
-			}
-			if (!j->err)
-				j->err = store(f, m, off, end);
-			continue;
-		}
 		/* a drop keeps the boundary pages a neighbour holds too */
 		if (pager_page_shared(m, j->u, off))
 			off += page;
@@ -332,15 +345,10 @@ static void job_run(struct pager_fuse *f, struct job *j)
 	}
 }
 
-static void job_queue(struct pager_fuse *f, struct model *m, unsigned u, enum pcjob kind,
-		      bool whole)
+static void job_queue(struct pager_fuse *f, struct job *j)
 {
-	struct job *j = calloc(1, sizeof(*j)), **tail;
+	struct job **tail;
 
-	if (!j)
-		return; /* retried at the next policy step */
-	*j = (struct job){ .m = m, .u = u, .kind = kind, .whole = whole };
-	m->us[u].pc_job = (uint8_t)kind;
 	pthread_mutex_lock(&f->mu);
 	for (tail = &f->todo; *tail; tail = &(*tail)->next)
 		;
@@ -349,6 +357,35 @@ static void job_queue(struct pager_fuse *f, struct model *m, unsigned u, enum pc
 	pthread_cond_signal(&f->cv);
 	pthread_mutex_unlock(&f->mu);
 }
+
+/* A unit's store has no chunk left to read or store: account for it. */
+static void stream_end(struct model *m, unsigned u)
+{
+	struct ustat *us = &m->us[u];
+
+	us->pc_job = PC_IDLE;
+	if (us->st_err == -ENOENT) {
+		/* the kernel has no inode for the file any more (it forgot
+		 * it), and so no page cache: until the next open */
+		m->fuse_inode = false;
+		if (us->pc != PC_NONE)
+			m->cache_bytes -= m->lay->units[u].bytes;
+		us->pc = PC_NONE;
+	} else if (us->st_err) {
+		pager_log_errno(PAGER_LOG_ERR, us->st_err, "%s: storing layer %d", m->name,
+				m->lay->units[u].layer);
+	} else {
+		us->pc = us->st_whole || us->pc == PC_ALL ? PC_ALL : PC_NOTRIP;
+		us->stores++;
+	}
+}
+
+static bool stream_done(const struct model *m, unsigned u)
+{
+	return m->us[u].st_ext == m->lay->units[u].n_ext && m->us[u].st_pending == 0;
+}
+
+static void pump(struct pager *p);
 
 /* The notifier reported: account for what it did. */
 static void jobs_collect(struct pager_fuse *f)
@@ -364,68 +401,217 @@ static void jobs_collect(struct pager_fuse *f)
 	pthread_mutex_unlock(&f->mu);
 	while (done) {
 		struct job *j = done;
-		struct ustat *us = &j->m->us[j->u];
+		struct model *m = j->m;
+		struct ustat *us = &m->us[j->u];
 
 		done = j->next;
 		f->jobs--;
-		us->pc_job = PC_IDLE;
-		if (j->kind == PC_STORING && !j->err) {
-			us->pc = j->whole || us->pc == PC_ALL ? PC_ALL : PC_NOTRIP;
-			us->stores++;
-		} else if (j->kind == PC_DROPPING && !j->err) {
-			if (us->pc_read_during) {
-				us->pc = PC_SOME; /* a read put pages back meanwhile */
-			} else {
+		if (j->kind == PC_STORING) {
+			f->slot_busy[j->slot] = false;
+			us->st_pending--;
+			if (j->err && !us->st_err)
+				us->st_err = j->err;
+			if (stream_done(m, j->u))
+				stream_end(m, j->u);
+		} else {
+			us->pc_job = PC_IDLE;
+			if (j->err == -ENOENT || (!j->err && !us->pc_read_during)) {
 				us->pc = PC_NONE;
-				j->m->cache_bytes -= j->m->lay->units[j->u].bytes;
+				m->cache_bytes -= m->lay->units[j->u].bytes;
+			} else if (!j->err) {
+				us->pc = PC_SOME; /* a read put pages back meanwhile */
+			} else if (j->err != -ECANCELED) {
+				pager_log_errno(PAGER_LOG_ERR, j->err, "%s: dropping layer %d",
+						m->name, m->lay->units[j->u].layer);
 			}
-			us->drops++;
-		} else if (j->err == -ENOENT) {
-			/* the kernel has no inode for the file any more (it
-			 * forgot it), and so no page cache: until the next open */
-			j->m->fuse_inode = false;
-			if (us->pc != PC_NONE)
-				j->m->cache_bytes -= j->m->lay->units[j->u].bytes;
-			us->pc = PC_NONE;
-		} else if (j->err != -ECANCELED) {
-			pager_log_errno(PAGER_LOG_ERR, j->err, "%s: %s layer %d", j->m->name,
-					j->kind == PC_STORING ? "storing" : "dropping",
-					j->m->lay->units[j->u].layer);
+			if (j->err == -ENOENT)
+				m->fuse_inode = false;
+			if (!j->err)
+				us->drops++;
+			us->pc_read_during = false;
 		}
-		us->pc_read_during = false;
 		if (!f->quit)
-			pager_policy_advance(j->m);
+			pager_policy_advance(m);
 		free(j);
 	}
+	pump(f->p);
+}
+
+/* ---- the streamer ----------------------------------------------------- */
+
+/*
+ * Stores go from the file to the page cache through a few staging slots,
+ * not through the memfd: a unit is read in slot-sized chunks (io_uring,
+ * O_DIRECT), each chunk stored by the notifier, the slot then reused.  So a
+ * layer on its way into the page cache costs the slots' fixed memory, not a
+ * second copy of the layer, and the daemon neither zeroes nor punches shmem
+ * for it.
+ */
+
+/* How far unit u is ahead of the mount's reader: the nearest goes first. */
+static unsigned distance(const struct model *m, unsigned u)
+{
+	int pos = m->fuse_reader->pos;
+	unsigned L = m->lay->n_layers;
+
+	if (u == 0)
+		return 0;
+	if (pos < 1)
+		return u;
+	return ((u + L) - (unsigned)pos) % L + 1;
+}
+
+static void stream_start(struct model *m, unsigned u, bool whole)
+{
+	struct ustat *us = &m->us[u];
+
+	us->pc_job = PC_STORING;
+	us->st_ext = 0;
+	us->st_off = m->lay->units[u].ext[0].off;
+	us->st_pending = 0;
+	us->st_whole = whole;
+	us->st_err = 0;
+	if (us->pc == PC_NONE) {
+		us->pc = PC_SOME;
+		m->cache_bytes += m->lay->units[u].bytes;
+	}
+}
+
+/* Keep the staging slots busy: read the next chunk of the streaming unit
+ * nearest ahead of its reader into each free slot. */
+static void pump(struct pager *p)
+{
+	struct pager_fuse *f = p->fuse;
+
+	while (!f->quit) {
+		struct model *best = NULL;
+		unsigned bu = 0, bd = UINT_MAX;
+		struct io_tag *tag;
+		struct ustat *us;
+		int slot = -1, n;
+
+		for (int i = 0; i < PAGER_FUSE_SLOTS && slot < 0; i++)
+			if (!f->slot_busy[i])
+				slot = i;
+		if (slot < 0)
+			return;
+		for (unsigned i = 0; i < p->n_models; i++) {
+			struct model *m = &p->models[i];
+
+			for (unsigned u = 0; u < m->lay->n_units; u++)
+				if (m->us[u].pc_job == PC_STORING &&
+				    m->us[u].st_ext < m->lay->units[u].n_ext && distance(m, u) < bd) {
+					best = m;
+					bu = u;
+					bd = distance(m, u);
+				}
+		}
+		if (!best)
+			return;
+		us = &best->us[bu];
+		const struct pager_extent *e = &best->lay->units[bu].ext[us->st_ext];
+		uint64_t len = e->off + e->len - us->st_off;
+
+		if (len > PAGER_FUSE_SLOT)
+			len = PAGER_FUSE_SLOT;
+		tag = malloc(sizeof(*tag));
+		if (!tag)
+			return;
+		*tag = (struct io_tag){ .m = best, .u = bu, .kind = IO_STAGE, .slot = (unsigned)slot,
+					.off = us->st_off, .len = len };
+		n = pio_read(p->io, best->fd, f->slot[slot], us->st_off, len, best->lay->file_size,
+			     tag);
+		if (n < 0) {
+			free(tag);
+			us->st_err = n;
+			us->st_ext = best->lay->units[bu].n_ext; /* give up on this unit */
+			if (stream_done(best, bu))
+				stream_end(best, bu);
+			continue;
+		}
+		tag->parts = (unsigned)n;
+		f->slot_busy[slot] = true;
+		f->stage_reads++;
+		us->st_pending++;
+		us->st_off += len;
+		if (us->st_off == e->off + e->len && ++us->st_ext < best->lay->units[bu].n_ext)
+			us->st_off = best->lay->units[bu].ext[us->st_ext].off;
+	}
+}
+
+/* A staging read completed (one call per io chunk of it). */
+void pager_fuse_staged(struct io_tag *tag, int err, uint64_t bytes, bool last)
+{
+	struct model *m = tag->m;
+	struct pager_fuse *f = m->p->fuse;
+	struct ustat *us = &m->us[tag->u];
+	struct job *j;
+
+	us->bytes_read += bytes;
+	m->bytes_read += bytes;
+	if (err && !tag->err)
+		tag->err = err;
+	if (!last || --tag->parts)
+		return;
+	f->stage_reads--;
+	j = calloc(1, sizeof(*j));
+	if (tag->err || !j || f->quit) {
+		if (!f->quit)
+			pager_log_errno(PAGER_LOG_ERR, tag->err ? tag->err : -ENOMEM,
+					"%s: reading layer %d", m->name, m->lay->units[tag->u].layer);
+		if (!us->st_err)
+			us->st_err = tag->err ? tag->err : -ENOMEM;
+		f->slot_busy[tag->slot] = false;
+		us->st_pending--;
+		if (stream_done(m, tag->u))
+			stream_end(m, tag->u);
+		free(j);
+	} else {
+		*j = (struct job){ .m = m, .u = tag->u, .kind = PC_STORING, .slot = tag->slot,
+				   .off = tag->off, .len = tag->len, .whole = us->st_whole };
+		job_queue(f, j);
+	}
+	free(tag);
+	pump(m->p);
 }
 
 /*
  * The mount's side of a policy step: drop from the page cache what the
- * policy no longer wants there, and store what it wants and the memfd now
- * holds.  Streamed layers are stored without their tripwire page, so the
- * reader's first touch of the layer is a read that tells us it is there;
- * resident ones (and a streamed one the reader is already in) whole.
+ * policy no longer wants there, and start storing what it wants while the
+ * allowance has room.  Streamed layers are stored without their tripwire
+ * page, so the reader's first touch of the layer is a read that tells us it
+ * is there; resident ones (and a streamed one the reader is already in)
+ * whole.
  */
 void pager_fuse_advance(struct model *m)
 {
 	struct pager_fuse *f = m->p->fuse;
+	uint64_t allow = pager_allowance(m);
 
+	if (f->quit)
+		return;
 	for (unsigned u = 0; u < m->lay->n_units; u++) {
 		struct ustat *us = &m->us[u];
 
 		if (us->pc_job != PC_IDLE)
 			continue;
 		if (us->pc != PC_NONE && !pager_fuse_wants(m, u) && !pager_fuse_waits_for(m, u)) {
-			job_queue(f, m, u, PC_DROPPING, false);
-		} else if (us->state == U_LOADED && pager_fuse_store_due(m, u)) {
-			if (us->pc == PC_NONE) {
-				us->pc = PC_SOME;
-				m->cache_bytes += m->lay->units[u].bytes;
-			}
-			job_queue(f, m, u, PC_STORING,
-				  us->resident || m->fuse_reader->pos == (int)u);
+			struct job *j = calloc(1, sizeof(*j));
+
+			if (!j)
+				continue; /* retried at the next policy step */
+			*j = (struct job){ .m = m, .u = u, .kind = PC_DROPPING };
+			us->pc_job = PC_DROPPING;
+			job_queue(f, j);
+		} else if (pager_fuse_store_due(m, u)) {
+			uint64_t need = us->pc == PC_NONE ? m->lay->units[u].bytes : 0;
+
+			if (u != 0 && m->mem_bytes + m->cache_bytes + need > allow)
+				continue; /* no room now */
+			stream_start(m, u, us->resident || m->fuse_reader->pos == (int)u);
 		}
 	}
+	pump(m->p);
 }
 
 /* ---- reads ------------------------------------------------------------ */
@@ -783,6 +969,11 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 		return -EIO;
 	}
 	raise_readahead(dir);
+	for (int i = 0; i < PAGER_FUSE_SLOTS; i++)
+		if (posix_memalign((void **)&f->slot[i], (size_t)p->page, PAGER_FUSE_SLOT)) {
+			f->slot[i] = NULL;
+			f->slot_busy[i] = true; /* never used */
+		}
 	pthread_mutex_init(&f->mu, NULL);
 	pthread_cond_init(&f->cv, NULL);
 	f->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -858,16 +1049,20 @@ void pager_fuse_stop(struct pager *p)
 		f->quit = true;
 		pthread_cond_signal(&f->cv);
 		pthread_mutex_unlock(&f->mu);
-		while (f->jobs) {
-			struct pollfd pf[2] = { { fuse_session_fd(f->se), POLLIN, 0 },
-						{ f->efd, POLLIN, 0 } };
+		/* and the ring, until the staging reads are in */
+		while (f->jobs || f->stage_reads) {
+			struct pollfd pf[3] = { { fuse_session_fd(f->se), POLLIN, 0 },
+						{ f->efd, POLLIN, 0 },
+						{ pio_fd(p->io), POLLIN, 0 } };
 
-			if (poll(pf, 2, -1) < 0 && errno != EINTR)
+			if (poll(pf, 3, -1) < 0 && errno != EINTR)
 				break;
 			if (pf[0].revents & POLLIN)
 				process(f);
 			if (pf[1].revents & POLLIN)
 				jobs_collect(f);
+			if (pf[2].revents & POLLIN)
+				pio_reap(p->io, pager_io_done, p);
 		}
 		pthread_join(f->thread, NULL);
 	}
@@ -875,6 +1070,8 @@ void pager_fuse_stop(struct pager *p)
 	fuse_session_destroy(f->se);
 	free(f->buf.mem);
 	free(f->bounce);
+	for (int i = 0; i < PAGER_FUSE_SLOTS; i++)
+		free(f->slot[i]);
 	if (f->efd >= 0)
 		close(f->efd);
 	pthread_mutex_destroy(&f->mu);

@@ -66,12 +66,6 @@ bool pager_page_shared(const struct model *m, unsigned u, uint64_t off)
 	return false;
 }
 
-struct io_tag {
-	struct model *m;
-	unsigned u;
-	bool punch;
-};
-
 
 /* The last punch of unit u completed: its memory is free. */
 static void released(struct model *m, unsigned u)
@@ -114,7 +108,7 @@ static void release(struct model *m, unsigned u)
 				  un->layer);
 			continue;
 		}
-		*tag = (struct io_tag){ m, u, true };
+		*tag = (struct io_tag){ .m = m, .u = u, .kind = IO_PUNCH };
 		m->us[u].punches_left++;
 	}
 	if (m->us[u].punches_left == 0)
@@ -250,7 +244,7 @@ int pager_load(struct model *m, unsigned u)
 	tag = malloc(sizeof(*tag));
 	if (!tag)
 		return -ENOMEM;
-	*tag = (struct io_tag){ m, u, false };
+	*tag = (struct io_tag){ .m = m, .u = u, .kind = IO_LOAD };
 	m->us[u].state = U_LOADING;
 	m->us[u].reads_left = 1; /* held until every chunk is queued */
 	m->us[u].io_err = 0;
@@ -284,7 +278,11 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 	struct ustat *us = &m->us[u];
 
 	(void)arg;
-	if (tag->punch) {
+	if (tag->kind == IO_STAGE) {
+		pager_fuse_staged(tag, err, bytes, last);
+		return;
+	}
+	if (tag->kind == IO_PUNCH) {
 		free(tag);
 		if (err)
 			pager_log_errno(PAGER_LOG_ERR, err, "%s: evicting unit %u", m->name, u);
@@ -339,10 +337,9 @@ void pager_plan(struct model *m)
 		/* streamed layers in memory at once: the one the engine is in,
 		 * plus the window being read ahead of it */
 		fixed = m->lay->units[0].bytes + (uint64_t)(w + 1) * m->lay->max_layer_bytes;
-		/* the mount stages each streamed layer in the memfd on its way
-		 * into the page cache: one more layer in flight */
+		/* the mount's staging buffers */
 		if (m->fuse_reader)
-			fixed += m->lay->max_layer_bytes;
+			fixed += PAGER_FUSE_STAGING;
 		n = allow > fixed && avg ? (unsigned)((allow - fixed) / avg) : 0;
 		if (allow < fixed && !m->warned_small) {
 			pager_log(PAGER_LOG_WARNING,
@@ -350,7 +347,7 @@ void pager_plan(struct model *m)
 				  "needs (the other tensors and %u layers); memory use will exceed it "
 				  "(a smaller --window needs less)",
 				  m->name, allow / 1048576.0, fixed / 1048576.0,
-				  w + 1 + (m->fuse_reader != NULL));
+				  w + 1);
 			m->warned_small = true;
 		}
 		if (n > L)
@@ -429,31 +426,29 @@ bool pager_fuse_store_due(const struct model *m, unsigned u)
 }
 
 /*
- * Should unit u be in the memfd?  For userfaultfd clients: resident units
- * and their streaming window (resident units also when no one is connected
- * yet and there is no mount, so the first engine finds them ready).  For the
- * mount, only as the source of a store into the page cache: once stored, the
- * page cache is the copy and the memfd's goes.
+ * Should unit u be in the memfd?  The memfd serves userfaultfd clients:
+ * resident units and their streaming window (resident units also when no one
+ * is connected yet and there is no mount, so the first engine finds them
+ * ready).  The mount has its own path into the page cache (fuse.c), and
+ * reads what the memfd happens to hold.
  */
 bool pager_wants_mem(const struct model *m, unsigned u)
 {
 	bool uffd = has_uffd_clients(m) || !m->fuse_reader;
 
-	if (uffd && (m->us[u].resident || needed_by(m, u, false)))
-		return true;
-	return m->us[u].pc_job == PC_STORING || pager_fuse_store_due(m, u);
+	return uffd && (m->us[u].resident || needed_by(m, u, false));
 }
 
 /* Bytes this model holds against its allowance: its memfd and what it put
- * in the mount's page cache. */
+ * in the mount's page cache (the mount's staging buffers are in the plan). */
 static uint64_t held(const struct model *m)
 {
 	return m->mem_bytes + m->cache_bytes;
 }
 
 /* Bring memory in line with the plan and the clients' positions: evict what
- * is not wanted, then load what is while the allowance has room; then the
- * mount's page cache follows (fuse.c). */
+ * is not wanted, let the mount's page cache follow (fuse.c), then load what
+ * is wanted while the allowance has room. */
 void pager_policy_advance(struct model *m)
 {
 	unsigned U = m->lay->n_units;
@@ -469,23 +464,12 @@ void pager_policy_advance(struct model *m)
 	    !pager_fuse_waits_for(m, 0))
 		evict(m, 0);
 	if (m->fuse_reader)
-		pager_fuse_advance(m); /* drops first: their room serves the loads below */
+		pager_fuse_advance(m);
 	for (unsigned u = 0; u < U; u++) {
-		uint64_t need = m->lay->units[u].bytes;
-
-		bool store = m->us[u].pc == PC_NONE && pager_fuse_store_due(m, u);
-
 		if (m->us[u].state != U_ABSENT || !pager_wants_mem(m, u))
 			continue;
-		if (store)
-			need *= 2; /* and the page cache's copy, once stored */
-		if (held(m) + need > allow && u != 0)
+		if (held(m) + m->lay->units[u].bytes > allow && u != 0)
 			continue; /* no room now; retried at the next step */
-		if (store) {
-			/* count the page cache's copy from now on */
-			m->us[u].pc = PC_SOME;
-			m->cache_bytes += m->lay->units[u].bytes;
-		}
 		if (pager_load(m, u))
 			break;
 	}

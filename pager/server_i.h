@@ -48,12 +48,31 @@ struct ustat {
 	int io_err;
 	uint8_t pc;         /* enum pcstate */
 	uint8_t pc_job;     /* enum pcjob */
+	/* a store streaming through the mount's staging slots (fuse.c) */
+	unsigned st_ext;     /* extent being read */
+	uint64_t st_off;     /* next offset to read in it */
+	unsigned st_pending; /* chunks being read or stored */
+	bool st_whole;       /* store the tripwire page too */
+	int st_err;
 	bool pc_read_during; /* a read refilled it while it was being dropped */
 	uint64_t loads, faults, evictions, bytes_read;
 	uint64_t stores, drops; /* into and out of the mount's page cache */
 };
 
 struct client;
+struct model;
+
+/* What a read or punch on the ring is for (io.c calls back with it). */
+struct io_tag {
+	struct model *m;
+	unsigned u;
+	enum { IO_LOAD, IO_PUNCH, IO_STAGE } kind;
+	/* IO_STAGE: the mount's staging slot and the file range read into it */
+	unsigned slot;
+	uint64_t off, len;
+	unsigned parts; /* io chunks still to complete */
+	int err;
+};
 
 /* A fault a client is blocked on until its unit is read. */
 struct waiter {
@@ -155,6 +174,11 @@ void pager_drop_client(struct client *c, const char *why);
 int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen);
 void pager_fuse_event(struct pager *p, void *ptr);
 void pager_fuse_advance(struct model *m);
+void pager_fuse_staged(struct io_tag *tag, int err, uint64_t bytes, bool last);
+/* Memory for the mount's staging slots: in every plan with a mount. */
+#define PAGER_FUSE_SLOTS 8
+#define PAGER_FUSE_SLOT (4u << 20)
+#define PAGER_FUSE_STAGING ((uint64_t)PAGER_FUSE_SLOTS * PAGER_FUSE_SLOT)
 void pager_fuse_stop(struct pager *p);
 void pager_fuse_unit_ready(struct model *m);
 void pager_fuse_unit_failed(struct model *m, unsigned u);
