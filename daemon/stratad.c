@@ -49,6 +49,8 @@ int main(int argc, char **argv)
 	char err[512];
 	int c, rc;
 
+	if (argc == 3 && !strcmp(argv[1], "--fuse-guard"))
+		return pager_fuse_guard((unsigned)strtoul(argv[2], NULL, 10));
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":s:f:b:r:w:vh", lo, NULL)) != -1) {
 		char *end;

@@ -26,6 +26,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -269,6 +270,46 @@ bad:
 	return usage(why);
 }
 
+/*
+ * A plain mapping of the model file raises SIGBUS when a page cannot be
+ * read: the file shrank under us, the disk failed, or the filesystem went
+ * away (a FUSE daemon that died).  That is bad input, not a crash: one line
+ * and exit 2.  (Through --pager, the pager client watches the daemon.)
+ */
+static struct {
+	const char *base;
+	size_t size;
+	char msg[512];
+	size_t len;
+} mapped;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	const char *a = si->si_addr;
+
+	(void)uc;
+	if (a >= mapped.base && a < mapped.base + mapped.size) {
+		(void)!write(STDERR_FILENO, mapped.msg, mapped.len);
+		_exit(EXIT_BAD_INPUT);
+	}
+	signal(sig, SIG_DFL); /* not ours: die of it as we would have */
+}
+
+static void watch_mapping(const char *path, const void *base, size_t size)
+{
+	struct sigaction sa = { .sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO };
+	int n;
+
+	mapped.base = base;
+	mapped.size = size;
+	n = snprintf(mapped.msg, sizeof(mapped.msg),
+		     "strata: %s: a page of the model could not be read (the file shrank, an "
+		     "I/O error, or its filesystem went away)\n", path);
+	mapped.len = n > 0 && (size_t)n < sizeof(mapped.msg) ? (size_t)n : sizeof(mapped.msg) - 1;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGBUS, &sa, NULL);
+}
+
 /* The loaded model and where its bytes live. */
 struct session {
 	const void *base;
@@ -307,6 +348,7 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 			msg("%s: cannot map the model: %s", o->model, strerror(-rc));
 			return EXIT_BAD_INPUT;
 		}
+		watch_mapping(o->model, s->base, s->size);
 	}
 	rc = want_ctx ? eng_model_load(s->base, s->size, &s->model, err, sizeof(err))
 		      : eng_model_load_vocab(s->base, s->size, &s->model, err, sizeof(err));

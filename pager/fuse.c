@@ -4,28 +4,27 @@
  *
  * The mount is a libfuse3 low-level session driven from the daemon's own
  * epoll loop (no libfuse threads): the root directory lists one regular file
- * per model, of its exact size and bytes.  A read is answered from the
- * model's memfd, the same store the userfaultfd path uses: if the units the
- * read spans are in memory the reply is immediate, otherwise the read waits
- * (the request is kept, not blocked on) until the loader has them.  Each read
- * also tells the policy where the reader is, through a pseudo-client per
- * model, so the layers ahead are read in before they are asked for.
+ * per model, of its exact size and bytes.  A read (the kernel asks only for
+ * what its page cache lacks) is answered from the model's memfd when the
+ * userfaultfd path holds the units there, waits (the request is kept, not
+ * blocked on) when they are being loaded, and is read from the file itself
+ * otherwise.  Each read also tells the policy where the reader is, through a
+ * pseudo-client per model, so the layers ahead are stored before they are
+ * asked for.
  *
  * Opens keep the page cache (keep_cache) and the kernel is asked for large
  * reads: max_readahead 1 MiB and the mount's bdi read_ahead_kb raised to
  * match (by default FUSE issues 128 KiB requests).
  *
  * The budget holds here as on the userfaultfd path: the page cache is the
- * reader's copy, the memfd only a staging area.  The policy stores the units
- * it wants in memory into the page cache (notify_store) as soon as the loader
- * has them in the memfd, which then lets its copy go; it drops streamed
- * layers behind the reader (notify_inval_inode, which also unmaps them from
- * the reader).  Streamed layers are stored without one page, whose read tells
- * the policy the reader reached the layer, as the tripwires do for engines.
- * What the page cache holds counts against the budget (cache_bytes).
+ * reader's copy.  The policy stores the units it wants in memory into it
+ * ahead of the reader and drops streamed layers behind it (fuse_store.c).
+ * Streamed layers are stored without one page, whose read tells the policy
+ * the reader reached the layer, as the tripwires do for engines.  What the
+ * page cache holds counts against the budget (cache_bytes).  See the FUSE
+ * section of docs/design.md.
  */
-#define FUSE_USE_VERSION 35
-#include "server_i.h"
+#include "fuse_i.h"
 
 #include <errno.h>
 #include <fuse_lowlevel.h>
@@ -37,35 +36,17 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
 #define READAHEAD (1u << 20)
 
-struct job;
-
-struct pager_fuse {
-	struct pager *p;
-	struct fuse_session *se;
-	struct fuse_buf buf;
-	char *dir;
-	uint8_t *bounce; /* page-aligned, for reads from the file itself */
-	uint64_t bounce_len;
-	uint8_t *slot[PAGER_FUSE_SLOTS]; /* staging: the streamer's, page-aligned */
-	bool slot_busy[PAGER_FUSE_SLOTS];
-	unsigned stage_reads;            /* staging reads on the ring */
-	/* the notifier thread: todo and done under mu; jobs and efd the loop's */
-	pthread_t thread;
-	bool started;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	struct job *todo, *done;
-	bool quit;
-	unsigned jobs; /* queued and not yet collected */
-	int efd;
-};
 
 /* A read waiting for its units. */
 struct fuse_wait {
@@ -212,408 +193,6 @@ static void fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	pager_policy_advance(model_of(p, ino));
 }
 
-/* ---- the notifier thread --------------------------------------------- */
-
-/*
- * Stores into and drops from the page cache run on a thread of their own.
- * The kernel locks each page it fills or invalidates; a page can be locked
- * because a reader's read of it is queued on /dev/fuse, and that read is
- * answered by the loop's thread.  Were the loop's thread to notify, it would
- * wait for itself.  So the loop queues jobs, the notifier runs them (waiting
- * on such a page until the loop answers the read), and reports back through
- * an eventfd.  A unit has at most one job at a time (pc_job), and the memfd
- * pages a store copies from stay put until it reports.
- */
-struct job {
-	struct job *next;
-	struct model *m;
-	unsigned u;
-	enum pcjob kind;
-	/* a store: a chunk of the unit, read into staging slot `slot` */
-	unsigned slot;
-	uint64_t off, len;
-	bool whole; /* the tripwire page too */
-	int err;
-};
-
-static void job_run(struct pager_fuse *f, struct job *j);
-
-static void *notifier(void *arg)
-{
-	struct pager_fuse *f = arg;
-	uint64_t one = 1;
-
-	pthread_mutex_lock(&f->mu);
-	for (;;) {
-		struct job *j;
-
-		while (!f->todo && !f->quit)
-			pthread_cond_wait(&f->cv, &f->mu);
-		if (!f->todo)
-			break;
-		j = f->todo;
-		f->todo = j->next;
-		pthread_mutex_unlock(&f->mu);
-		if (f->quit)
-			j->err = -ECANCELED;
-		else
-			job_run(f, j);
-		pthread_mutex_lock(&f->mu);
-		j->next = f->done;
-		f->done = j;
-		/* fails only when the counter saturates, which a reader never lets happen */
-		(void)!write(f->efd, &one, sizeof(one));
-	}
-	pthread_mutex_unlock(&f->mu);
-	return NULL;
-}
-
-/* The page of unit u whose first read tells the daemon its reader entered
- * the unit: the unit's first page no other unit holds.  Streamed layers are
- * stored without it.  A single page per unit: with one per tensor, the
- * kernel's read-around of a fault near a unit's end would reach the next
- * unit's first tripwire and place the reader a layer early. */
-static uint64_t trip_page(const struct model *m, unsigned u)
-{
-	const struct pager_unit *un = &m->lay->units[u];
-
-	for (unsigned i = 0; i < un->n_ext; i++)
-		for (uint64_t pg = un->ext[i].off; pg < un->ext[i].off + un->ext[i].len;
-		     pg += m->lay->page)
-			if (!pager_page_shared(m, u, pg))
-				return pg;
-	return UINT64_MAX;
-}
-
-#define STORE_CHUNK (4u << 20)
-
-/* Store [off, end) of the model into the page cache from src (the bytes of
- * the file from offset base on). */
-static int store(struct pager_fuse *f, struct model *m, const uint8_t *src, uint64_t base,
-		 uint64_t off, uint64_t end)
-{
-	fuse_ino_t ino = m->idx + 2;
-
-	/* never past the file's end: a store there would grow the file */
-	if (end > m->lay->file_size)
-		end = m->lay->file_size;
-	while (off < end) {
-		uint64_t n = end - off < STORE_CHUNK ? end - off : STORE_CHUNK;
-		struct fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
-		int rc;
-
-		bv.buf[0].mem = (void *)(src + (off - base));
-		rc = fuse_lowlevel_notify_store(f->se, ino, (off_t)off, &bv, 0);
-		if (rc)
-			return rc;
-		off += n;
-	}
-	return 0;
-}
-
-static void job_run(struct pager_fuse *f, struct job *j)
-{
-	struct model *m = j->m;
-	const struct pager_unit *un = &m->lay->units[j->u];
-	uint64_t page = m->lay->page;
-
-	j->err = 0;
-	if (j->kind == PC_STORING) {
-		const uint8_t *src = f->slot[j->slot];
-		uint64_t off = j->off, end = j->off + j->len;
-		uint64_t trip = j->whole ? UINT64_MAX : trip_page(m, j->u);
-
-		if (trip >= off && trip < end) {
-			j->err = store(f, m, src, j->off, off, trip);
-			off = trip + page;
-		}
-		if (!j->err)
-			j->err = store(f, m, src, j->off, off, end);
-		return;
-	}
-	for (unsigned i = 0; i < un->n_ext && !j->err; i++) {
-		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
-
-		/* a drop keeps the boundary pages a neighbour holds too */
-		if (pager_page_shared(m, j->u, off))
-			off += page;
-		if (end > off && pager_page_shared(m, j->u, end - page))
-			end -= page;
-		if (end > off)
-			j->err = fuse_lowlevel_notify_inval_inode(f->se, m->idx + 2, (off_t)off,
-								   (off_t)(end - off));
-	}
-}
-
-static void job_queue(struct pager_fuse *f, struct job *j)
-{
-	struct job **tail;
-
-	pthread_mutex_lock(&f->mu);
-	for (tail = &f->todo; *tail; tail = &(*tail)->next)
-		;
-	*tail = j;
-	f->jobs++;
-	pthread_cond_signal(&f->cv);
-	pthread_mutex_unlock(&f->mu);
-}
-
-/* A unit's store has no chunk left to read or store: account for it. */
-static void stream_end(struct model *m, unsigned u)
-{
-	struct ustat *us = &m->us[u];
-
-	us->pc_job = PC_IDLE;
-	if (us->st_err == -ENOENT) {
-		/* the kernel has no inode for the file any more (it forgot
-		 * it), and so no page cache: until the next open */
-		m->fuse_inode = false;
-		if (us->pc != PC_NONE)
-			m->cache_bytes -= m->lay->units[u].bytes;
-		us->pc = PC_NONE;
-	} else if (us->st_err) {
-		pager_log_errno(PAGER_LOG_ERR, us->st_err, "%s: storing layer %d", m->name,
-				m->lay->units[u].layer);
-	} else {
-		us->pc = us->st_whole || us->pc == PC_ALL ? PC_ALL : PC_NOTRIP;
-		us->stores++;
-	}
-}
-
-static bool stream_done(const struct model *m, unsigned u)
-{
-	return m->us[u].st_ext == m->lay->units[u].n_ext && m->us[u].st_pending == 0;
-}
-
-static void pump(struct pager *p);
-
-/* The notifier reported: account for what it did. */
-static void jobs_collect(struct pager_fuse *f)
-{
-	struct job *done;
-	uint64_t n;
-
-	if (read(f->efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
-		pager_log_errno(PAGER_LOG_ERR, errno, "%s: notifier", f->dir);
-	pthread_mutex_lock(&f->mu);
-	done = f->done;
-	f->done = NULL;
-	pthread_mutex_unlock(&f->mu);
-	while (done) {
-		struct job *j = done;
-		struct model *m = j->m;
-		struct ustat *us = &m->us[j->u];
-
-		done = j->next;
-		f->jobs--;
-		if (j->kind == PC_STORING) {
-			f->slot_busy[j->slot] = false;
-			us->st_pending--;
-			if (j->err && !us->st_err)
-				us->st_err = j->err;
-			if (stream_done(m, j->u))
-				stream_end(m, j->u);
-		} else {
-			us->pc_job = PC_IDLE;
-			if (j->err == -ENOENT || (!j->err && !us->pc_read_during)) {
-				us->pc = PC_NONE;
-				m->cache_bytes -= m->lay->units[j->u].bytes;
-			} else if (!j->err) {
-				us->pc = PC_SOME; /* a read put pages back meanwhile */
-			} else if (j->err != -ECANCELED) {
-				pager_log_errno(PAGER_LOG_ERR, j->err, "%s: dropping layer %d",
-						m->name, m->lay->units[j->u].layer);
-			}
-			if (j->err == -ENOENT)
-				m->fuse_inode = false;
-			if (!j->err)
-				us->drops++;
-			us->pc_read_during = false;
-		}
-		if (!f->quit)
-			pager_policy_advance(m);
-		free(j);
-	}
-	pump(f->p);
-}
-
-/* ---- the streamer ----------------------------------------------------- */
-
-/*
- * Stores go from the file to the page cache through a few staging slots,
- * not through the memfd: a unit is read in slot-sized chunks (io_uring,
- * O_DIRECT), each chunk stored by the notifier, the slot then reused.  So a
- * layer on its way into the page cache costs the slots' fixed memory, not a
- * second copy of the layer, and the daemon neither zeroes nor punches shmem
- * for it.
- */
-
-/* How far unit u is ahead of the mount's reader: the nearest goes first. */
-static unsigned distance(const struct model *m, unsigned u)
-{
-	int pos = m->fuse_reader->pos;
-	unsigned L = m->lay->n_layers;
-
-	if (u == 0)
-		return 0;
-	if (pos < 1)
-		return u;
-	return ((u + L) - (unsigned)pos) % L + 1;
-}
-
-static void stream_start(struct model *m, unsigned u, bool whole)
-{
-	struct ustat *us = &m->us[u];
-
-	us->pc_job = PC_STORING;
-	us->st_ext = 0;
-	us->st_off = m->lay->units[u].ext[0].off;
-	us->st_pending = 0;
-	us->st_whole = whole;
-	us->st_err = 0;
-	if (us->pc == PC_NONE) {
-		us->pc = PC_SOME;
-		m->cache_bytes += m->lay->units[u].bytes;
-	}
-}
-
-/* Keep the staging slots busy: read the next chunk of the streaming unit
- * nearest ahead of its reader into each free slot. */
-static void pump(struct pager *p)
-{
-	struct pager_fuse *f = p->fuse;
-
-	while (!f->quit) {
-		struct model *best = NULL;
-		unsigned bu = 0, bd = UINT_MAX;
-		struct io_tag *tag;
-		struct ustat *us;
-		int slot = -1, n;
-
-		for (int i = 0; i < PAGER_FUSE_SLOTS && slot < 0; i++)
-			if (!f->slot_busy[i])
-				slot = i;
-		if (slot < 0)
-			return;
-		for (unsigned i = 0; i < p->n_models; i++) {
-			struct model *m = &p->models[i];
-
-			for (unsigned u = 0; u < m->lay->n_units; u++)
-				if (m->us[u].pc_job == PC_STORING &&
-				    m->us[u].st_ext < m->lay->units[u].n_ext && distance(m, u) < bd) {
-					best = m;
-					bu = u;
-					bd = distance(m, u);
-				}
-		}
-		if (!best)
-			return;
-		us = &best->us[bu];
-		const struct pager_extent *e = &best->lay->units[bu].ext[us->st_ext];
-		uint64_t len = e->off + e->len - us->st_off;
-
-		if (len > PAGER_FUSE_SLOT)
-			len = PAGER_FUSE_SLOT;
-		tag = malloc(sizeof(*tag));
-		if (!tag)
-			return;
-		*tag = (struct io_tag){ .m = best, .u = bu, .kind = IO_STAGE, .slot = (unsigned)slot,
-					.off = us->st_off, .len = len };
-		n = pio_read(p->io, best->fd, f->slot[slot], us->st_off, len, best->lay->file_size,
-			     tag);
-		if (n < 0) {
-			free(tag);
-			us->st_err = n;
-			us->st_ext = best->lay->units[bu].n_ext; /* give up on this unit */
-			if (stream_done(best, bu))
-				stream_end(best, bu);
-			continue;
-		}
-		tag->parts = (unsigned)n;
-		f->slot_busy[slot] = true;
-		f->stage_reads++;
-		us->st_pending++;
-		us->st_off += len;
-		if (us->st_off == e->off + e->len && ++us->st_ext < best->lay->units[bu].n_ext)
-			us->st_off = best->lay->units[bu].ext[us->st_ext].off;
-	}
-}
-
-/* A staging read completed (one call per io chunk of it). */
-void pager_fuse_staged(struct io_tag *tag, int err, uint64_t bytes, bool last)
-{
-	struct model *m = tag->m;
-	struct pager_fuse *f = m->p->fuse;
-	struct ustat *us = &m->us[tag->u];
-	struct job *j;
-
-	us->bytes_read += bytes;
-	m->bytes_read += bytes;
-	if (err && !tag->err)
-		tag->err = err;
-	if (!last || --tag->parts)
-		return;
-	f->stage_reads--;
-	j = calloc(1, sizeof(*j));
-	if (tag->err || !j || f->quit) {
-		if (!f->quit)
-			pager_log_errno(PAGER_LOG_ERR, tag->err ? tag->err : -ENOMEM,
-					"%s: reading layer %d", m->name, m->lay->units[tag->u].layer);
-		if (!us->st_err)
-			us->st_err = tag->err ? tag->err : -ENOMEM;
-		f->slot_busy[tag->slot] = false;
-		us->st_pending--;
-		if (stream_done(m, tag->u))
-			stream_end(m, tag->u);
-		free(j);
-	} else {
-		*j = (struct job){ .m = m, .u = tag->u, .kind = PC_STORING, .slot = tag->slot,
-				   .off = tag->off, .len = tag->len, .whole = us->st_whole };
-		job_queue(f, j);
-	}
-	free(tag);
-	pump(m->p);
-}
-
-/*
- * The mount's side of a policy step: drop from the page cache what the
- * policy no longer wants there, and start storing what it wants while the
- * allowance has room.  Streamed layers are stored without their tripwire
- * page, so the reader's first touch of the layer is a read that tells us it
- * is there; resident ones (and a streamed one the reader is already in)
- * whole.
- */
-void pager_fuse_advance(struct model *m)
-{
-	struct pager_fuse *f = m->p->fuse;
-	uint64_t allow = pager_allowance(m);
-
-	if (f->quit)
-		return;
-	for (unsigned u = 0; u < m->lay->n_units; u++) {
-		struct ustat *us = &m->us[u];
-
-		if (us->pc_job != PC_IDLE)
-			continue;
-		if (us->pc != PC_NONE && !pager_fuse_wants(m, u) && !pager_fuse_waits_for(m, u)) {
-			struct job *j = calloc(1, sizeof(*j));
-
-			if (!j)
-				continue; /* retried at the next policy step */
-			*j = (struct job){ .m = m, .u = u, .kind = PC_DROPPING };
-			us->pc_job = PC_DROPPING;
-			job_queue(f, j);
-		} else if (pager_fuse_store_due(m, u)) {
-			uint64_t need = us->pc == PC_NONE ? m->lay->units[u].bytes : 0;
-
-			if (u != 0 && m->mem_bytes + m->cache_bytes + need > allow)
-				continue; /* no room now */
-			stream_start(m, u, us->resident || m->fuse_reader->pos == (int)u);
-		}
-	}
-	pump(m->p);
-}
-
 /* ---- reads ------------------------------------------------------------ */
 
 /* A read put [off, off+len) into the page cache. */
@@ -668,39 +247,88 @@ static enum how how_to_read(struct model *m, uint64_t off, uint64_t len)
 	return how;
 }
 
+/* A read of the file itself, on the ring; the reply goes when it is in. */
+struct direct {
+	fuse_req_t req;
+	struct model *m;
+	uint8_t *buf;   /* page-aligned, [start, start + span) of the file */
+	uint64_t start, off, len, got;
+	int err;
+};
+
+/* A staging slot whose read is in (its store queued or running) may hold
+ * the whole range: answer from it. */
+static bool reply_from_slot(struct pager_fuse *f, fuse_req_t req, struct model *m, uint64_t off,
+			    uint64_t len)
+{
+	for (int i = 0; i < PAGER_FUSE_SLOTS; i++)
+		if (f->slot_m[i] == m && off >= f->slot_off[i] &&
+		    off + len <= f->slot_off[i] + f->slot_len[i]) {
+			fuse_reply_buf(req, (const char *)f->slot[i] + (off - f->slot_off[i]), len);
+			return true;
+		}
+	return false;
+}
+
 static void reply_direct(struct pager_fuse *f, fuse_req_t req, struct model *m, uint64_t off,
 			 uint64_t len)
 {
 	uint64_t page = m->lay->page, start = off - off % page;
-	uint64_t span = (off + len + page - 1) / page * page - start, got = 0;
+	uint64_t span = (off + len + page - 1) / page * page - start;
+	struct direct *d;
+	struct io_tag *tag;
+	int n;
 
-	if (span > f->bounce_len) {
-		free(f->bounce);
-		f->bounce_len = 0;
-		if (posix_memalign((void **)&f->bounce, page, span)) {
-			f->bounce = NULL;
-			fuse_reply_err(req, ENOMEM);
-			return;
-		}
-		f->bounce_len = span;
-	}
-	while (got < span) {
-		ssize_t n = pread(m->fd, f->bounce + got, span - got, (off_t)(start + got));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		got += (uint64_t)n;
-	}
-	if (got < off - start + len) {
-		pager_log(PAGER_LOG_ERR, "%s: cannot read %llu bytes at %llu", m->name,
-			  (unsigned long long)len, (unsigned long long)off);
-		fuse_reply_err(req, EIO);
+	if (reply_from_slot(f, req, m, off, len))
+		return;
+	d = calloc(1, sizeof(*d));
+	tag = calloc(1, sizeof(*tag));
+	if (!d || !tag || posix_memalign((void **)&d->buf, page, span)) {
+		free(d);
+		free(tag);
+		fuse_reply_err(req, ENOMEM);
 		return;
 	}
+	*d = (struct direct){ .req = req, .m = m, .buf = d->buf, .start = start, .off = off,
+			      .len = len };
+	*tag = (struct io_tag){ .m = m, .kind = IO_DIRECT, .ptr = d };
+	n = pio_read(m->p->io, m->fd, d->buf, start, span, m->lay->file_size, tag);
+	if (n < 0) {
+		pager_log_errno(PAGER_LOG_ERR, n, "%s: reading %llu bytes at %llu", m->name,
+				(unsigned long long)len, (unsigned long long)off);
+		fuse_reply_err(req, EIO);
+		free(d->buf);
+		free(d);
+		free(tag);
+		return;
+	}
+	tag->parts = (unsigned)n;
+	f->direct_reads++;
 	m->fuse_direct++;
-	fuse_reply_buf(req, (const char *)f->bounce + (off - start), len);
+}
+
+/* Part of a read of the file itself completed. */
+void pager_fuse_direct_done(struct io_tag *tag, int err, uint64_t bytes, bool last)
+{
+	struct direct *d = tag->ptr;
+
+	d->got += bytes;
+	if (err && !d->err)
+		d->err = err;
+	if (!last || --tag->parts)
+		return;
+	d->m->p->fuse->direct_reads--;
+	if (d->err || d->got < d->off - d->start + d->len) {
+		pager_log_errno(PAGER_LOG_ERR, d->err ? d->err : -EIO,
+				"%s: reading %llu bytes at %llu", d->m->name,
+				(unsigned long long)d->len, (unsigned long long)d->off);
+		fuse_reply_err(d->req, EIO);
+	} else {
+		fuse_reply_buf(d->req, (const char *)d->buf + (d->off - d->start), d->len);
+	}
+	free(d->buf);
+	free(d);
+	free(tag);
 }
 
 /* The process behind a request (its thread id, as the kernel reports it). */
@@ -865,12 +493,11 @@ static const struct fuse_lowlevel_ops ops = {
  * from stat(dir): a stat of our own mount would wait for this very thread to
  * answer it.
  */
-static void raise_readahead(const char *dir)
+static bool mount_dev(const char *dir, unsigned *maj, unsigned *min)
 {
-	char *real = realpath(dir, NULL), line[4096], path[128];
-	unsigned maj = 0, min = 0;
+	char *real = realpath(dir, NULL), line[4096];
+	FILE *mi = fopen("/proc/self/mountinfo", "r");
 	bool found = false;
-	FILE *mi = fopen("/proc/self/mountinfo", "r"), *f;
 
 	while (real && mi && fgets(line, sizeof(line), mi)) {
 		char mnt[4096];
@@ -879,16 +506,22 @@ static void raise_readahead(const char *dir)
 		/* id parent maj:min root mountpoint ...; the last match is ours */
 		if (sscanf(line, "%*u %*u %u:%u %*s %4095s", &a, &b, mnt) == 3 &&
 		    !strcmp(mnt, real)) {
-			maj = a;
-			min = b;
+			*maj = a;
+			*min = b;
 			found = true;
 		}
 	}
 	if (mi)
 		fclose(mi);
 	free(real);
-	if (!found)
-		return;
+	return found;
+}
+
+static void raise_readahead(const char *dir, unsigned maj, unsigned min)
+{
+	char path[128];
+	FILE *f;
+
 	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb", maj, min);
 	f = fopen(path, "w");
 	if (!f || fprintf(f, "%u", READAHEAD / 1024) < 0)
@@ -898,7 +531,64 @@ static void raise_readahead(const char *dir)
 		fclose(f);
 }
 
-/* Is dir the mount point of a (live: its stat answered) strata mount? */
+/*
+ * The guardian.  A daemon killed while its notifier waits on a page lock
+ * cannot finish dying: the lock is held for a read only the dead loop could
+ * answer, the wait is uninterruptible, and the connection whose teardown
+ * would fail that read goes only once the process has exited.  The reader
+ * would hang with it.  So a small process (this binary again, see
+ * pager_fuse_guard) waits for the daemon's main thread to die
+ * (PR_SET_PDEATHSIG) and aborts the connection through fusectl, which fails
+ * the pending reads and lets everyone go.  A clean stop kills it first.
+ */
+static pid_t spawn_guard(unsigned conn)
+{
+	pid_t parent = getpid(), pid;
+	char arg[16];
+	sigset_t set;
+
+	snprintf(arg, sizeof(arg), "%u", conn);
+	pid = fork();
+	if (pid != 0)
+		return pid;
+	/* blocked, so a death before the guardian waits stays pending */
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)
+		raise(SIGTERM);
+	execl("/proc/self/exe", "stratad", "--fuse-guard", arg, (char *)NULL);
+	_exit(127);
+}
+
+int pager_fuse_guard(unsigned conn)
+{
+	char path[64];
+	sigset_t set;
+	int sig, fd;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	close_range(3, ~0u, 0);
+	if (sigwait(&set, &sig))
+		return 1;
+	snprintf(path, sizeof(path), "/sys/fs/fuse/connections/%u/abort", conn);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT &&
+	    mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, NULL) == 0)
+		fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0; /* the connection went with the daemon */
+	if (write(fd, "1", 1) == 1)
+		pager_log(PAGER_LOG_NOTICE, "the daemon died: its mount's connection %u aborted",
+			  conn);
+	close(fd);
+	return 0;
+}
+
+/* Is dir the mount point of a strata mount (a live one, once the stale
+ * check passed)? */
 static bool strata_mount_at(const char *dir)
 {
 	char *real = realpath(dir, NULL), line[4096];
@@ -932,9 +622,12 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 	char *argv[] = { "stratad", "-o", "ro,default_permissions,allow_other,fsname=strata,subtype=strata", NULL };
 	struct fuse_args args = FUSE_ARGS_INIT(3, argv);
 	struct pager_fuse *f;
+	unsigned maj, min;
+	struct statvfs sv;
 	struct stat st;
 
-	if (stat(dir, &st) < 0 && errno == ENOTCONN) {
+	/* statfs, not stat: a stat can be answered from cached attributes */
+	if (statvfs(dir, &sv) < 0 && errno == ENOTCONN) {
 		/* A crashed daemon's mount: take it down and go on. */
 		pager_log(PAGER_LOG_NOTICE, "%s: stale mount from a dead daemon: unmounting it", dir);
 		if (umount2(dir, MNT_DETACH) < 0) {
@@ -968,7 +661,13 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 		free(f);
 		return -EIO;
 	}
-	raise_readahead(dir);
+	if (mount_dev(dir, &maj, &min)) {
+		raise_readahead(dir, maj, min);
+		f->guard = spawn_guard(min);
+	}
+	if (f->guard <= 0)
+		pager_log(PAGER_LOG_WARNING, "%s: no guardian: if this daemon is killed, a reader "
+			  "may hang until the mount is aborted", dir);
 	for (int i = 0; i < PAGER_FUSE_SLOTS; i++)
 		if (posix_memalign((void **)&f->slot[i], (size_t)p->page, PAGER_FUSE_SLOT)) {
 			f->slot[i] = NULL;
@@ -978,7 +677,7 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 	pthread_cond_init(&f->cv, NULL);
 	f->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	p->fuse = f;
-	if (f->efd >= 0 && pthread_create(&f->thread, NULL, notifier, f) == 0)
+	if (f->efd >= 0 && pthread_create(&f->thread, NULL, pager_fuse_notifier, f) == 0)
 		f->started = true;
 	if (!f->started || watch_fd(p, f->efd, EV(EV_FUSE, f)) ||
 	    watch_fd(p, fuse_session_fd(f->se), EV(EV_FUSE, p))) {
@@ -1024,7 +723,7 @@ void pager_fuse_event(struct pager *p, void *ptr)
 	if (ptr == p)
 		process(p->fuse);
 	else
-		jobs_collect(p->fuse);
+		pager_fuse_collect(p->fuse);
 }
 
 void pager_fuse_stop(struct pager *p)
@@ -1033,6 +732,10 @@ void pager_fuse_stop(struct pager *p)
 
 	if (!f)
 		return;
+	if (f->guard > 0) {
+		kill(f->guard, SIGKILL);
+		waitpid(f->guard, NULL, 0);
+	}
 	for (unsigned i = 0; i < p->n_models; i++)
 		while (p->models[i].fuse_waiting) {
 			struct fuse_wait *w = p->models[i].fuse_waiting;
@@ -1050,7 +753,7 @@ void pager_fuse_stop(struct pager *p)
 		pthread_cond_signal(&f->cv);
 		pthread_mutex_unlock(&f->mu);
 		/* and the ring, until the staging reads are in */
-		while (f->jobs || f->stage_reads) {
+		while (f->jobs || f->stage_reads || f->direct_reads) {
 			struct pollfd pf[3] = { { fuse_session_fd(f->se), POLLIN, 0 },
 						{ f->efd, POLLIN, 0 },
 						{ pio_fd(p->io), POLLIN, 0 } };
@@ -1060,7 +763,7 @@ void pager_fuse_stop(struct pager *p)
 			if (pf[0].revents & POLLIN)
 				process(f);
 			if (pf[1].revents & POLLIN)
-				jobs_collect(f);
+				pager_fuse_collect(f);
 			if (pf[2].revents & POLLIN)
 				pio_reap(p->io, pager_io_done, p);
 		}
@@ -1069,7 +772,6 @@ void pager_fuse_stop(struct pager *p)
 	fuse_session_unmount(f->se);
 	fuse_session_destroy(f->se);
 	free(f->buf.mem);
-	free(f->bounce);
 	for (int i = 0; i < PAGER_FUSE_SLOTS; i++)
 		free(f->slot[i]);
 	if (f->efd >= 0)

@@ -64,6 +64,11 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
  * error; 0 on a clean stop. */
 int pager_run(struct pager *p);
 void pager_destroy(struct pager *p);
+/* The FUSE mount's guardian (a daemon with --fuse runs its own binary with
+ * the arguments "--fuse-guard CONN"; its main must then call this and exit
+ * with what it returns).  Waits for the daemon to die and aborts FUSE
+ * connection CONN, so a reader never hangs on a dead daemon. */
+int pager_fuse_guard(unsigned conn);
 
 /* ---- client ----------------------------------------------------------- */
 

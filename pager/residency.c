@@ -282,6 +282,10 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 		pager_fuse_staged(tag, err, bytes, last);
 		return;
 	}
+	if (tag->kind == IO_DIRECT) {
+		pager_fuse_direct_done(tag, err, bytes, last);
+		return;
+	}
 	if (tag->kind == IO_PUNCH) {
 		free(tag);
 		if (err)

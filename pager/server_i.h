@@ -66,7 +66,8 @@ struct model;
 struct io_tag {
 	struct model *m;
 	unsigned u;
-	enum { IO_LOAD, IO_PUNCH, IO_STAGE } kind;
+	enum { IO_LOAD, IO_PUNCH, IO_STAGE, IO_DIRECT } kind;
+	void *ptr;      /* IO_DIRECT: the read (fuse.c) */
 	/* IO_STAGE: the mount's staging slot and the file range read into it */
 	unsigned slot;
 	uint64_t off, len;
@@ -175,6 +176,7 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 void pager_fuse_event(struct pager *p, void *ptr);
 void pager_fuse_advance(struct model *m);
 void pager_fuse_staged(struct io_tag *tag, int err, uint64_t bytes, bool last);
+void pager_fuse_direct_done(struct io_tag *tag, int err, uint64_t bytes, bool last);
 /* Memory for the mount's staging slots: in every plan with a mount. */
 #define PAGER_FUSE_SLOTS 8
 #define PAGER_FUSE_SLOT (4u << 20)

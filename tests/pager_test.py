@@ -433,9 +433,48 @@ def case_fuse():
           len(readers) == 1 and readers[0]["reads"] > 0 and " fuse  at layer " in text, text)
 
 
+def case_fuse_kill():
+    """The daemon behind a mount dies under a plain-mmap engine: the engine
+    stops with one line and exit 2 (not a crash, not garbage), and the next
+    daemon takes the stale mount over."""
+    if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
+        print("skip fuse-kill: needs /dev/fuse and root")
+        return
+    mnt = os.path.join(TMP, "mnt-kill")
+    os.mkdir(mnt)
+    m = "tiny-llama-q4_0.gguf"
+    p = os.path.join(FIX, "models", m)
+    d = Daemon([p], "--resident", "0", "--window", "1", "--budget", "1", "--fuse", mnt)
+    e = subprocess.Popen([STRATA, "run", "-m", os.path.join(mnt, m), "-p", "Once upon a time",
+                          "-n", "100000", "--temp", "0"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    # Every layer streams, so the engine needs the daemon for every token;
+    # stop it mid-run, kill the daemon, and let it go on.
+    wait_for(lambda: any(c["kind"] == "fuse" and c["reads"] > 0
+                         for c in d.model(m)["clients"]), 10, "the engine reading")
+    e.send_signal(signal.SIGSTOP)
+    d.p.kill()
+    d.p.wait(10)
+    d.log.close()
+    e.send_signal(signal.SIGCONT)
+    try:
+        err = e.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        e.kill()
+        err = e.communicate()[1]
+    lines = err.strip().splitlines()
+    check("fuse-kill: the engine stops with exit 2 and says why",
+          e.returncode == 2 and lines and "could not be read" in lines[-1], f"{e.returncode}: {err}")
+    d = Daemon([p], "--fuse", mnt)
+    check("fuse-kill: the next daemon takes the stale mount over",
+          sorted(os.listdir(mnt)) == [m])
+    d.stop()
+
+
 CASES = {"identical": case_identical, "share": case_share, "garbage": case_garbage,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
-         "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse}
+         "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse,
+         "fuse-kill": case_fuse_kill}
 
 for name in sys.argv[1:] or CASES:
     try:
