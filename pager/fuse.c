@@ -204,6 +204,8 @@ static void note_read(struct model *m, uint64_t off, uint64_t len)
 		int u = pager_layout_unit_of(m->lay, pg);
 		struct ustat *us;
 
+		if (u == PAGER_SPARSE)
+			m->fuse_sparse_bytes += m->lay->page;
 		if (u < 0 || u == last)
 			continue;
 		last = u;
@@ -215,6 +217,8 @@ static void note_read(struct model *m, uint64_t off, uint64_t len)
 		if (us->pc_job == PC_DROPPING)
 			us->pc_read_during = true;
 	}
+	if (m->fuse_sparse_bytes > PAGER_SPARSE_CAP)
+		pager_fuse_drop_sparse(m);
 }
 
 /*
@@ -237,6 +241,8 @@ static enum how how_to_read(struct model *m, uint64_t off, uint64_t len)
 	for (uint64_t pg = off - off % page; pg < off + len; pg += page) {
 		int u = pager_layout_unit_of(m->lay, pg);
 
+		if (u == PAGER_SPARSE)
+			return DIRECT; /* the memfd's copy is partial, if any */
 		if (u < 0 || u == last || m->us[u].state == U_LOADED)
 			continue;
 		last = u;

@@ -10,6 +10,7 @@
 #include "server_i.h"
 
 #include <fuse_lowlevel.h>
+#include <limits.h>
 #include <pthread.h>
 
 struct job;
@@ -39,6 +40,8 @@ struct pager_fuse {
 };
 
 /* fuse_store.c */
+#define SPARSE_JOB UINT_MAX /* a job's unit: the token embedding */
+void pager_fuse_drop_sparse(struct model *m);
 void *pager_fuse_notifier(void *arg);
 void pager_fuse_collect(struct pager_fuse *f);
 

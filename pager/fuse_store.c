@@ -114,13 +114,33 @@ static int store(struct pager_fuse *f, struct model *m, const uint8_t *src, uint
 	return 0;
 }
 
+/* Drop the token embedding's pages from the page cache (see note_read). */
+static int drop_sparse(struct pager_fuse *f, struct model *m)
+{
+	const struct pager_extent *sp = &m->lay->sparse;
+	uint64_t page = m->lay->page, off = sp->off, end = sp->off + sp->len;
+
+	if (pager_layout_unit_of(m->lay, off) != PAGER_SPARSE)
+		off += page;
+	if (end > off && pager_layout_unit_of(m->lay, end - page) != PAGER_SPARSE)
+		end -= page;
+	if (end <= off)
+		return 0;
+	return fuse_lowlevel_notify_inval_inode(f->se, m->idx + 2, (off_t)off, (off_t)(end - off));
+}
+
 static void job_run(struct pager_fuse *f, struct job *j)
 {
 	struct model *m = j->m;
-	const struct pager_unit *un = &m->lay->units[j->u];
+	const struct pager_unit *un;
 	uint64_t page = m->lay->page;
 
 	j->err = 0;
+	if (j->u == SPARSE_JOB) {
+		j->err = drop_sparse(f, m);
+		return;
+	}
+	un = &m->lay->units[j->u];
 	if (j->kind == PC_STORING) {
 		const uint8_t *src = f->slot[j->slot];
 		uint64_t off = j->off, end = j->off + j->len;
@@ -205,11 +225,15 @@ void pager_fuse_collect(struct pager_fuse *f)
 	while (done) {
 		struct job *j = done;
 		struct model *m = j->m;
-		struct ustat *us = &m->us[j->u];
+		struct ustat *us = j->u == SPARSE_JOB ? NULL : &m->us[j->u];
 
 		done = j->next;
 		f->jobs--;
-		if (j->kind == PC_STORING) {
+		if (!us) {
+			m->fuse_sparse_busy = false;
+			if (!j->err || j->err == -ENOENT)
+				m->fuse_sparse_bytes = 0;
+		} else if (j->kind == PC_STORING) {
 			f->slot_busy[j->slot] = false;
 			f->slot_m[j->slot] = NULL;
 			us->st_pending--;
@@ -239,6 +263,19 @@ void pager_fuse_collect(struct pager_fuse *f)
 		free(j);
 	}
 	pump(f->p);
+}
+
+/* The reader's reads of the token embedding passed the cap: drop them all. */
+void pager_fuse_drop_sparse(struct model *m)
+{
+	struct pager_fuse *f = m->p->fuse;
+	struct job *j;
+
+	if (m->fuse_sparse_busy || f->quit || !(j = calloc(1, sizeof(*j))))
+		return;
+	*j = (struct job){ .m = m, .u = SPARSE_JOB, .kind = PC_DROPPING };
+	m->fuse_sparse_busy = true;
+	job_queue(f, j);
 }
 
 /* ---- the streamer ----------------------------------------------------- */
@@ -414,7 +451,7 @@ void pager_fuse_advance(struct model *m)
 		} else if (pager_fuse_store_due(m, u)) {
 			uint64_t need = us->pc == PC_NONE ? m->lay->units[u].bytes : 0;
 
-			if (u != 0 && m->mem_bytes + m->cache_bytes + need > allow)
+			if (u != 0 && pager_held(m) + need > allow)
 				continue; /* no room now */
 			stream_start(m, u, us->resident || m->fuse_reader->pos == (int)u);
 		}

@@ -106,12 +106,14 @@ static int cover_gaps(struct pager_layout *l)
 
 	for (unsigned u = 0; u < l->n_units; u++)
 		cap += l->units[u].n_ext;
-	all = calloc(cap ? cap : 1, sizeof(*all));
+	all = calloc(cap + 1, sizeof(*all));
 	if (!all)
 		return -ENOMEM;
 	for (unsigned u = 0; u < l->n_units; u++)
 		for (unsigned i = 0; i < l->units[u].n_ext; i++)
 			all[n++] = l->units[u].ext[i];
+	if (l->sparse.len)
+		all[n++] = l->sparse;
 	qsort(all, n, sizeof(*all), cmp_ext);
 	for (size_t i = 0; i <= n; i++) {
 		uint64_t next = i < n ? all[i].off : l->map_size;
@@ -157,6 +159,10 @@ static int index_pages(struct pager_layout *l)
 		return -ENOMEM;
 	for (uint64_t i = 0; i < n; i++)
 		l->page_unit[i] = NO_UNIT;
+	/* sparse first: a boundary page it shares belongs to the unit */
+	for (uint64_t pg = l->sparse.off / l->page; pg < (l->sparse.off + l->sparse.len) / l->page;
+	     pg++)
+		l->page_unit[pg] = SPARSE_UNIT;
 	for (unsigned u = 0; u < l->n_units; u++)
 		for (unsigned i = 0; i < l->units[u].n_ext; i++) {
 			const struct pager_extent *e = &l->units[u].ext[i];
@@ -170,6 +176,7 @@ static int index_pages(struct pager_layout *l)
 int pager_layout_build(const void *image, size_t size, uint64_t page,
 		       struct pager_layout **out, char *err, size_t errlen)
 {
+	const struct gguf_tensor *sparse;
 	struct pager_layout *l;
 	struct gguf *g;
 	long max_layer = -1;
@@ -209,6 +216,10 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 		if (!l->units[u].ext || !l->units[u].trip)
 			goto oom;
 	}
+	/* The token embedding is sparse when the output has its own matrix (a
+	 * tied one is read whole for every token). */
+	sparse = gguf_find_tensor(g, "output.weight") ? gguf_find_tensor(g, "token_embd.weight")
+						      : NULL;
 	/* Unit 0 is everything that is not a layer, starting with the header. */
 	l->units[0].ext[l->units[0].n_ext++] = (struct pager_extent){ 0, gguf_data_offset(g) };
 	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
@@ -218,6 +229,13 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 
 		if (t->size == 0)
 			continue;
+		if (sparse && t == sparse) {
+			uint64_t end = (t->offset + t->size + page - 1) / page * page;
+
+			l->sparse.off = t->offset - t->offset % page;
+			l->sparse.len = (end < l->map_size ? end : l->map_size) - l->sparse.off;
+			continue;
+		}
 		u->ext[u->n_ext++] = (struct pager_extent){ t->offset, t->size };
 		if (n >= 0)
 			u->trip[u->n_trip++] = t->offset - t->offset % page;
@@ -264,6 +282,8 @@ int pager_layout_unit_of(const struct pager_layout *l, uint64_t off)
 
 	if (off >= l->map_size || l->page_unit[pg] == NO_UNIT)
 		return -1;
+	if (l->page_unit[pg] == SPARSE_UNIT)
+		return PAGER_SPARSE;
 	return l->page_unit[pg];
 }
 

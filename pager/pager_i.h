@@ -32,15 +32,22 @@ struct pager_layout {
 	unsigned n_units;  /* n_layers + 1 */
 	struct pager_unit *units;
 	uint64_t max_layer_bytes;
-	uint16_t *page_unit; /* per page: its unit (the later one if shared), or NO_UNIT */
+	uint16_t *page_unit; /* per page: its unit (the later one if shared), NO_UNIT, SPARSE */
+	/* Sparse: the token embedding when the model has its own output matrix.
+	 * A token reads one row of it, so it belongs to no unit: its pages are
+	 * read on demand, a block at a time (residency.c). */
+	struct pager_extent sparse;
 };
 
 #define NO_UNIT UINT16_MAX
+#define SPARSE_UNIT (UINT16_MAX - 1)
+#define PAGER_SPARSE (-2) /* pager_layout_unit_of: a sparse page */
 
 /* Split the GGUF image into units; -errno with a one-line reason in err. */
 int pager_layout_build(const void *image, size_t size, uint64_t page,
 		       struct pager_layout **out, char *err, size_t errlen);
 void pager_layout_destroy(struct pager_layout *l);
+/* The unit of the page at off; PAGER_SPARSE for a sparse page, -1 for none. */
 int pager_layout_unit_of(const struct pager_layout *l, uint64_t off);
 bool pager_unit_has_page(const struct pager_unit *u, uint64_t off);
 

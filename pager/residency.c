@@ -341,6 +341,8 @@ void pager_plan(struct model *m)
 		/* streamed layers in memory at once: the one the engine is in,
 		 * plus the window being read ahead of it */
 		fixed = m->lay->units[0].bytes + (uint64_t)(w + 1) * m->lay->max_layer_bytes;
+		if (m->lay->sparse.len)
+			fixed += PAGER_SPARSE_CAP;
 		/* the mount's staging buffers */
 		if (m->fuse_reader)
 			fixed += PAGER_FUSE_STAGING;
@@ -445,9 +447,9 @@ bool pager_wants_mem(const struct model *m, unsigned u)
 
 /* Bytes this model holds against its allowance: its memfd and what it put
  * in the mount's page cache (the mount's staging buffers are in the plan). */
-static uint64_t held(const struct model *m)
+uint64_t pager_held(const struct model *m)
 {
-	return m->mem_bytes + m->cache_bytes;
+	return m->mem_bytes + m->cache_bytes + m->sparse_bytes + m->fuse_sparse_bytes;
 }
 
 /* Bring memory in line with the plan and the clients' positions: evict what
@@ -472,14 +474,14 @@ void pager_policy_advance(struct model *m)
 	for (unsigned u = 0; u < U; u++) {
 		if (m->us[u].state != U_ABSENT || !pager_wants_mem(m, u))
 			continue;
-		if (held(m) + m->lay->units[u].bytes > allow && u != 0)
+		if (pager_held(m) + m->lay->units[u].bytes > allow && u != 0)
 			continue; /* no room now; retried at the next step */
 		if (pager_load(m, u))
 			break;
 	}
 }
 
-/* ---- faults ----------------------------------------------------------- */
+/* ---- resolving faults ------------------------------------------------- */
 
 static void resolve(struct client *c, uint64_t off, uint64_t since)
 {
@@ -529,7 +531,64 @@ static void wake_waiters(struct model *m, unsigned u)
 	pager_policy_advance(m);
 }
 
-static void on_fault(struct client *c, uint64_t addr)
+/* ---- sparse pages ----------------------------------------------------- */
+
+/*
+ * The token embedding (when the output has its own matrix) belongs to no
+ * unit: a token reads one row of it, so keeping it resident would waste
+ * hundreds of MiB of the budget on rows no one reads.  A fault on it reads
+ * the block around the page, synchronously (one per token, ~0.1 ms); the
+ * blocks stay until they pass SPARSE_CAP, and then all go at once.
+ */
+#define SPARSE_BLOCK (64u << 10)
+
+static void drop_sparse(struct model *m)
+{
+	const struct pager_extent *sp = &m->lay->sparse;
+	uint64_t page = m->lay->page, off = sp->off, end = sp->off + sp->len;
+
+	/* a boundary page shared with a unit is the unit's */
+	if (pager_layout_unit_of(m->lay, off) != PAGER_SPARSE)
+		off += page;
+	if (end > off && pager_layout_unit_of(m->lay, end - page) != PAGER_SPARSE)
+		end -= page;
+	if (end > off &&
+	    fallocate(m->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+		      (off_t)(end - off)) < 0)
+		pager_log_errno(PAGER_LOG_ERR, -errno, "%s: dropping the token embedding", m->name);
+	m->sparse_bytes = 0;
+}
+
+static int load_sparse(struct model *m, uint64_t off)
+{
+	const struct pager_extent *sp = &m->lay->sparse;
+	uint64_t start = off - off % SPARSE_BLOCK, end = start + SPARSE_BLOCK;
+
+	if (start < sp->off)
+		start = sp->off;
+	if (end > sp->off + sp->len)
+		end = sp->off + sp->len;
+	if (m->sparse_bytes + (end - start) > PAGER_SPARSE_CAP)
+		drop_sparse(m);
+	for (uint64_t at = start; at < end;) {
+		ssize_t n = pread(m->fd, m->map + at, end - at, (off_t)at);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			break; /* the file's end, inside its last page */
+		at += (uint64_t)n;
+		m->bytes_read += (uint64_t)n;
+	}
+	m->sparse_bytes += end - start;
+	return 0;
+}
+
+/* ---- faults ----------------------------------------------------------- */
+
+static void on_fault(struct client *c, uint64_t addr, bool minor)
 {
 	struct model *m = c->m;
 	uint64_t off = (addr - c->base) & ~(m->lay->page - 1);
@@ -540,6 +599,16 @@ static void on_fault(struct client *c, uint64_t addr)
 		return;
 	}
 	u = pager_layout_unit_of(m->lay, off);
+	if (u == PAGER_SPARSE) {
+		c->faults++;
+		/* MISSING: not in the memfd yet; MINOR: there, not mapped */
+		if (!minor && load_sparse(m, off)) {
+			pager_drop_client(c, "the model file could not be read");
+			return;
+		}
+		resolve(c, off, pager_now_ns());
+		return;
+	}
 	if (u < 0) {
 		pager_drop_client(c, "it faulted on a page no unit covers");
 		return;
@@ -592,7 +661,8 @@ void pager_on_uffd(struct client *c)
 		}
 		for (ssize_t i = 0; i < n / (ssize_t)sizeof(msgs[0]) && !c->dead; i++)
 			if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
-				on_fault(c, msgs[i].arg.pagefault.address);
+				on_fault(c, msgs[i].arg.pagefault.address,
+					 msgs[i].arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_MINOR);
 	}
 }
 

@@ -96,6 +96,9 @@ struct model {
 	unsigned n_resident;     /* layers planned resident */
 	unsigned shed;           /* layers demoted by memory pressure */
 	uint64_t mem_bytes;      /* units loading or loaded */
+	uint64_t sparse_bytes;   /* sparse blocks in the memfd (residency.c) */
+	uint64_t fuse_sparse_bytes; /* sparse pages the mount's reads cached */
+	bool fuse_sparse_busy;   /* their drop is in flight */
 	uint64_t bytes_read;
 	uint64_t fault_wait_ns;
 	unsigned n_clients;
@@ -155,6 +158,8 @@ uint64_t pager_now_ns(void);
 /* residency.c */
 int pager_load(struct model *m, unsigned u);
 uint64_t pager_allowance(const struct model *m);
+/* What the model holds against its allowance: memfd, page cache, sparse. */
+uint64_t pager_held(const struct model *m);
 void pager_plan(struct model *m);
 void pager_policy_advance(struct model *m);
 void pager_map_unit(struct client *c, unsigned u);
@@ -178,6 +183,8 @@ void pager_fuse_advance(struct model *m);
 void pager_fuse_staged(struct io_tag *tag, int err, uint64_t bytes, bool last);
 void pager_fuse_direct_done(struct io_tag *tag, int err, uint64_t bytes, bool last);
 /* Memory for the mount's staging slots: in every plan with a mount. */
+/* Sparse blocks kept before all are dropped (residency.c). */
+#define PAGER_SPARSE_CAP (32ull << 20)
 #define PAGER_FUSE_SLOTS 8
 #define PAGER_FUSE_SLOT (4u << 20)
 #define PAGER_FUSE_STAGING ((uint64_t)PAGER_FUSE_SLOTS * PAGER_FUSE_SLOT)
