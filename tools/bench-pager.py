@@ -159,6 +159,7 @@ if a.cgroup:
     ways = ["uffd", "fuse", "plain"]
     got = {w: [] for w in ways}
     peaks = {w: [] for w in ways}
+    fails = {w: [] for w in ways}  # times the cgroup hit its limit (the kernel reclaimed)
     planned = None
     for rep in range(a.reps):
         for w in ways:
@@ -185,6 +186,7 @@ if a.cgroup:
                 stop(p)
             got[w].append(r["decode_tps"])
             peaks[w].append(int(open(os.path.join(cg, "memory.max_usage_in_bytes")).read()))
+            fails[w].append(int(open(os.path.join(cg, "memory.failcnt")).read()))
             os.rmdir(cg)
         print(f"cgroup rep {rep + 1}: " + ", ".join(f"{w} {got[w][-1]:.3f} tok/s peak "
               f"{peaks[w][-1] / 2**20:.0f} MiB" for w in ways), file=sys.stderr)
@@ -193,12 +195,14 @@ if a.cgroup:
     print(f"\nUnder a memory cgroup limited to {limit / 2**20:.0f} MiB (budget "
           f"{budget / 2**20:.0f} MiB = half the model, + 64 MiB for the engine); the pager "
           f"plans {planned} of {n_layers} layers resident:\n")
-    print("| how the engine maps the model | decode tok/s (runs) | peak MiB (max) | vs uffd |")
-    print("|---|---|---|---|")
+    print("| how the engine maps the model | decode tok/s (runs) | peak MiB (max) | "
+          "limit hit (failcnt, max) | vs uffd | vs plain |")
+    print("|---|---|---|---|---|---|")
     names = {"uffd": "`--pager` (userfaultfd)", "fuse": "plain mmap of the FUSE mount",
              "plain": "plain mmap of the file"}
     for w in ways:
         runs = ", ".join(f"{x:.3f}" for x in got[w])
         peak = max(peaks[w])
         print(f"| {names[w]} | {med[w]:.3f} ({runs}) | {peak / 2**20:.0f} "
-              f"({'under' if peak < limit else 'OVER'}) | {med[w] / med['uffd']:.2f} |")
+              f"({'under' if peak < limit else 'OVER'}) | {max(fails[w])} | "
+              f"{med[w] / med['uffd']:.2f} | {med[w] / med['plain']:.2f} |")
