@@ -499,21 +499,24 @@ static const struct fuse_lowlevel_ops ops = {
  * from stat(dir): a stat of our own mount would wait for this very thread to
  * answer it.
  */
-static bool mount_dev(const char *dir, unsigned *maj, unsigned *min)
+/* The mount at dir, from /proc/self/mountinfo (the last one there is the
+ * one on top): its device and file system type.  False if none. */
+static bool find_mount(const char *dir, unsigned *maj, unsigned *min, char type[64])
 {
 	char *real = realpath(dir, NULL), line[4096];
 	FILE *mi = fopen("/proc/self/mountinfo", "r");
 	bool found = false;
 
 	while (real && mi && fgets(line, sizeof(line), mi)) {
-		char mnt[4096];
+		char mnt[4096], t[64], *sep = strstr(line, " - ");
 		unsigned a, b;
 
-		/* id parent maj:min root mountpoint ...; the last match is ours */
+		/* id parent maj:min root mountpoint ... - fstype source opts */
 		if (sscanf(line, "%*u %*u %u:%u %*s %4095s", &a, &b, mnt) == 3 &&
-		    !strcmp(mnt, real)) {
+		    !strcmp(mnt, real) && sep && sscanf(sep + 3, "%63s", t) == 1) {
 			*maj = a;
 			*min = b;
+			memcpy(type, t, sizeof(t));
 			found = true;
 		}
 	}
@@ -597,23 +600,10 @@ int pager_fuse_guard(unsigned conn)
  * check passed)? */
 static bool strata_mount_at(const char *dir)
 {
-	char *real = realpath(dir, NULL), line[4096];
-	FILE *mi = fopen("/proc/self/mountinfo", "r");
-	bool found = false;
+	unsigned maj, min;
+	char type[64];
 
-	while (real && mi && !found && fgets(line, sizeof(line), mi)) {
-		char mnt[4096], *sep = strstr(line, " - ");
-		char type[64];
-
-		/* id parent maj:min root mountpoint ... - fstype source opts */
-		if (sscanf(line, "%*u %*u %*u:%*u %*s %4095s", mnt) == 1 && !strcmp(mnt, real) &&
-		    sep && sscanf(sep + 3, "%63s", type) == 1 && !strcmp(type, "fuse.strata"))
-			found = true;
-	}
-	if (mi)
-		fclose(mi);
-	free(real);
-	return found;
+	return find_mount(dir, &maj, &min, type) && !strcmp(type, "fuse.strata");
 }
 
 static int watch_fd(struct pager *p, int fd, uint64_t data)
@@ -629,6 +619,7 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 	struct fuse_args args = FUSE_ARGS_INIT(3, argv);
 	struct pager_fuse *f;
 	unsigned maj, min;
+	char type[64];
 	struct statvfs sv;
 	struct stat st;
 
@@ -667,7 +658,7 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 		free(f);
 		return -EIO;
 	}
-	if (mount_dev(dir, &maj, &min)) {
+	if (find_mount(dir, &maj, &min, type)) {
 		raise_readahead(dir, maj, min);
 		f->guard = spawn_guard(min);
 	}

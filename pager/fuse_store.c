@@ -117,14 +117,9 @@ static int store(struct pager_fuse *f, struct model *m, const uint8_t *src, uint
 /* Drop the token embedding's pages from the page cache (see note_read). */
 static int drop_sparse(struct pager_fuse *f, struct model *m)
 {
-	const struct pager_extent *sp = &m->lay->sparse;
-	uint64_t page = m->lay->page, off = sp->off, end = sp->off + sp->len;
+	uint64_t off, end;
 
-	if (pager_layout_unit_of(m->lay, off) != PAGER_SPARSE)
-		off += page;
-	if (end > off && pager_layout_unit_of(m->lay, end - page) != PAGER_SPARSE)
-		end -= page;
-	if (end <= off)
+	if (!pager_layout_sparse_own(m->lay, &off, &end))
 		return 0;
 	return fuse_lowlevel_notify_inval_inode(f->se, m->idx + 2, (off_t)off, (off_t)(end - off));
 }

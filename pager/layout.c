@@ -287,6 +287,21 @@ int pager_layout_unit_of(const struct pager_layout *l, uint64_t off)
 	return l->page_unit[pg];
 }
 
+/* The sparse extent without its boundary pages that units hold: the pages
+ * to drop when dropping it.  False if there are none. */
+bool pager_layout_sparse_own(const struct pager_layout *l, uint64_t *off, uint64_t *end)
+{
+	*off = l->sparse.off;
+	*end = l->sparse.off + l->sparse.len;
+	if (!l->sparse.len)
+		return false;
+	if (pager_layout_unit_of(l, *off) != PAGER_SPARSE)
+		*off += l->page;
+	if (*end > *off && pager_layout_unit_of(l, *end - l->page) != PAGER_SPARSE)
+		*end -= l->page;
+	return *end > *off;
+}
+
 bool pager_unit_has_page(const struct pager_unit *u, uint64_t off)
 {
 	for (unsigned i = 0; i < u->n_ext; i++)

@@ -49,6 +49,7 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 void pager_layout_destroy(struct pager_layout *l);
 /* The unit of the page at off; PAGER_SPARSE for a sparse page, -1 for none. */
 int pager_layout_unit_of(const struct pager_layout *l, uint64_t off);
+bool pager_layout_sparse_own(const struct pager_layout *l, uint64_t *off, uint64_t *end);
 bool pager_unit_has_page(const struct pager_unit *u, uint64_t off);
 
 #endif

@@ -544,15 +544,9 @@ static void wake_waiters(struct model *m, unsigned u)
 
 static void drop_sparse(struct model *m)
 {
-	const struct pager_extent *sp = &m->lay->sparse;
-	uint64_t page = m->lay->page, off = sp->off, end = sp->off + sp->len;
+	uint64_t off, end;
 
-	/* a boundary page shared with a unit is the unit's */
-	if (pager_layout_unit_of(m->lay, off) != PAGER_SPARSE)
-		off += page;
-	if (end > off && pager_layout_unit_of(m->lay, end - page) != PAGER_SPARSE)
-		end -= page;
-	if (end > off &&
+	if (pager_layout_sparse_own(m->lay, &off, &end) &&
 	    fallocate(m->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
 		      (off_t)(end - off)) < 0)
 		pager_log_errno(PAGER_LOG_ERR, -errno, "%s: dropping the token embedding", m->name);
