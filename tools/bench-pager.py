@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Decode speed through the pager against the bound the hardware sets.
 
-  tools/bench-pager.py [--model M.gguf] [--reps 3] [--tokens 8] [--threads T]
-                       [--fractions 1,0.75,0.5,0.25] [--cgroup]
+  tools/bench-pager.py [--model M.gguf] [--reps 3] [--tokens 8] [--prompt 16]
+                       [--threads T] [--fractions 1,0.75,0.5,0.25] [--cgroup]
 
 Without --model it makes (once) an 8B-shaped Q4_0 model with strata-mkmodel
 under /var/tmp/strata-bench.  Each repetition measures, side by side:
@@ -15,7 +15,8 @@ under /var/tmp/strata-bench.  Each repetition measures, side by side:
   pager F   `strata bench --pager` with a fraction F of the layers resident
             (stratad --resident N), everything else streamed
 
-and prints per configuration the median decode tokens/s, the bound
+and prints per configuration the median prompt (--prompt tokens) and decode
+tokens/s, the prompt speed against plain's, the decode bound
 1 / max(compute time, streamed bytes per token / storage bandwidth), and the
 ratio.  --cgroup adds runs inside a memory cgroup limited to half the model
 + 64 MiB: stratad --budget (half the model) serving the engine through
@@ -35,6 +36,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--model")
 ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=8)
+ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per run (one batch)")
 ap.add_argument("--threads", type=int, default=0)
 ap.add_argument("--fractions", default="1,0.75,0.5,0.25", help="empty: only the cgroup runs")
 ap.add_argument("--cgroup", action="store_true")
@@ -61,7 +63,7 @@ def drop_caches():
 
 def bench(extra, pre=None, path=None):
     # --no-hw: the machine is measured here once (strata-iobench), not per run
-    r = subprocess.run([STRATA, "bench", "-m", path or model, "-p", "16", "-n", str(a.tokens),
+    r = subprocess.run([STRATA, "bench", "-m", path or model, "-p", str(a.prompt), "-n", str(a.tokens),
                         "--json", "--no-hw",
                         *thr, *extra], capture_output=True, text=True, preexec_fn=pre)
     if r.returncode:
@@ -103,6 +105,8 @@ def stop(p):
 
 fractions = [float(x) for x in a.fractions.split(",") if x]
 rows = {f: [] for f in fractions}
+prompt_rows = {f: [] for f in fractions}
+plain_prompt = []
 plain, storage, streamed = [], [], {}
 n_layers = None
 for rep in range(a.reps):
@@ -110,7 +114,9 @@ for rep in range(a.reps):
     storage.append(json.loads(subprocess.run([IOB, model], capture_output=True, text=True,
                                              check=True).stdout)["gbps"])
     bench([])  # warm the page cache: the plain run measures a resident model
-    plain.append(bench([])["decode_tps"])
+    r = bench([])
+    plain.append(r["decode_tps"])
+    plain_prompt.append(r["prompt_tps"])
     drop_caches()
     if n_layers is None:
         p = daemon(["--resident", "0"])
@@ -121,7 +127,9 @@ for rep in range(a.reps):
         p = daemon(["--resident", str(n)])
         st = status()
         streamed[f] = sum(l["bytes"] for l in st["layers"] if l["state"] != "resident")
-        rows[f].append(bench(["--pager", sock])["decode_tps"])
+        r = bench(["--pager", sock])
+        rows[f].append(r["decode_tps"])
+        prompt_rows[f].append(r["prompt_tps"])
         stop(p)
     print(f"rep {rep + 1}: storage {storage[-1]:.2f} GB/s, plain {plain[-1]:.2f} tok/s, " +
           ", ".join(f"{f:.0%} {rows[f][-1]:.3f}" for f in fractions), file=sys.stderr)
@@ -136,15 +144,19 @@ print(f"- storage read bandwidth (strata-iobench, O_DIRECT, 1 MiB x 16): {bw / 1
       f"(runs: {', '.join(f'{x:.2f}' for x in storage)})")
 print(f"- engine without the pager (plain mmap, resident): {tps_plain:.3f} tok/s "
       f"(runs: {', '.join(f'{x:.3f}' for x in plain)}); compute time {compute * 1000:.0f} ms/token\n")
-print("| resident | streamed/token | decode tok/s (runs) | bound tok/s | ratio |")
-print("|---|---|---|---|---|")
+print(f"- prompt processing without the pager: {statistics.median(plain_prompt):.3f} tok/s "
+      f"({a.prompt} tokens, one batch)\n")
+print("| resident | streamed/token | decode tok/s (runs) | bound tok/s | ratio | "
+      "prompt tok/s | prompt vs plain |")
+print("|---|---|---|---|---|---|---|")
 for f in fractions:
     t = statistics.median(rows[f])
     bound = 1 / max(compute, streamed[f] / bw)
     runs = ", ".join(f"{x:.3f}" for x in rows[f])
     note = " (vs plain)" if streamed[f] == 0 else ""
+    pt = statistics.median(prompt_rows[f])
     print(f"| {f:.0%} | {streamed[f] / 2**30:.2f} GiB | {t:.3f} ({runs}) | {bound:.3f} | "
-          f"{t / bound:.2f}{note} |")
+          f"{t / bound:.2f}{note} | {pt:.3f} | {pt / statistics.median(plain_prompt):.2f} |")
 
 if a.cgroup:
     # Budget half the model; the cgroup's limit adds 64 MiB for the engine's
