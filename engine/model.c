@@ -593,6 +593,7 @@ static void mm_worker(void *arg, unsigned ith, unsigned nth)
 	for (unsigned m = 0; m < j->n; m++) {
 		const struct wt *w = j->w[m];
 		eng_vec_dot_fn dot = j->k->vec_dot[w->type];
+		eng_vec_dot8_fn dot8 = j->k->vec_dot8[w->type];
 		uint64_t r0 = w->ne1 * ith / nth, r1 = w->ne1 * (ith + 1) / nth;
 		float *out = j->out[m];
 
@@ -602,7 +603,12 @@ static void mm_worker(void *arg, unsigned ith, unsigned nth)
 			for (uint32_t b = 0; b < j->nb; b++) {
 				const uint8_t *a = j->act + b * j->act_stride;
 
-				for (uint64_t r = t0; r < t1; r++)
+				uint64_t r = t0;
+
+				for (; dot8 && r + 8 <= t1; r += 8)
+					dot8(w->ne0, &out[b * w->ne1 + r], w->data + r * w->row_bytes,
+					     w->row_bytes, a);
+				for (; r < t1; r++)
 					dot(w->ne0, &out[b * w->ne1 + r], w->data + r * w->row_bytes,
 					    a);
 			}

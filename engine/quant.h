@@ -127,11 +127,22 @@ typedef void (*eng_to_float_fn)(const void *src, float *dst, size_t n);
 typedef void (*eng_from_float_fn)(const float *src, void *dst, size_t n);
 typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *a);
 
+/*
+ * vec_dot8: out[r] = row r . a for the 8 weight rows at w, w + stride, ...,
+ * w + 7 * stride, each bit-identical to what vec_dot gives for that row:
+ * the rows' summation chains run side by side (SIMD lanes), not merged, so
+ * a row's float order is the one vec_dot (and the reference engine) uses.
+ * Chains of one row are latency-bound; eight at once are not.
+ */
+typedef void (*eng_vec_dot8_fn)(size_t n, float *out, const void *w, size_t stride,
+				const void *a);
+
 struct eng_kernels {
 	const char *isa; /* "scalar", "avx2", ... */
 	eng_to_float_fn to_float[ENG_TYPE_COUNT];
 	eng_from_float_fn from_float[ENG_TYPE_COUNT]; /* for activation types */
 	eng_vec_dot_fn vec_dot[ENG_TYPE_COUNT];        /* indexed by weight type */
+	eng_vec_dot8_fn vec_dot8[ENG_TYPE_COUNT];      /* optional: NULL = row by row */
 };
 
 /* The scalar reference set: the ground truth for every other set. */

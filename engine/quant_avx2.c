@@ -276,6 +276,54 @@ static void vec_dot_q4_0_q8_0(size_t n, float *out, const void *w, const void *a
 }
 
 /*
+ * Eight Q4_0 rows against one activation row.  Per block, each row's exact
+ * integer sum (as above) goes into lane r of one vector (an hadd tree: the
+ * integer sums are exact in any order), and one vector FMA then does, in
+ * lane r, what vec_dot_q4_0_q8_0 does for row r: fmaf(sum, d_x * d_y, acc)
+ * in block order.  Bit-identical per row, and eight chains in flight.
+ */
+static void vec_dot8_q4_0_q8_0(size_t n, float *out, const void *w, size_t stride,
+			       const void *a)
+{
+	const uint8_t *rows = w;
+	const struct eng_block_q8_0 *y = a;
+	const __m128i m4 = _mm_set1_epi8(0x0f);
+	const __m256i eight = _mm256_set1_epi8(8);
+	const __m256i ones = _mm256_set1_epi16(1);
+	__m256 acc = _mm256_setzero_ps();
+
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		const __m256i qy = _mm256_loadu_si256((const void *)y[ib].qs);
+		const __m256i y8 = _mm256_maddubs_epi16(eight, qy);
+		__m256i s[8];
+		uint16_t d[8];
+
+		for (int r = 0; r < 8; r++) {
+			const struct eng_block_q4_0 *x =
+				(const struct eng_block_q4_0 *)(rows + (size_t)r * stride) + ib;
+			const __m128i raw = _mm_loadu_si128((const void *)x->qs);
+			const __m256i qx = _mm256_set_m128i(
+				_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+
+			s[r] = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(qx, qy), y8),
+						 ones);
+			d[r] = x->d;
+		}
+		/* lanes of s[r] summed into lane r */
+		const __m256i h01 = _mm256_hadd_epi32(s[0], s[1]), h23 = _mm256_hadd_epi32(s[2], s[3]);
+		const __m256i h45 = _mm256_hadd_epi32(s[4], s[5]), h67 = _mm256_hadd_epi32(s[6], s[7]);
+		const __m256i h03 = _mm256_hadd_epi32(h01, h23), h47 = _mm256_hadd_epi32(h45, h67);
+		const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(h03, h47, 0x20),
+						     _mm256_permute2x128_si256(h03, h47, 0x31));
+		const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const void *)d));
+		const __m256 scale = _mm256_mul_ps(dx, _mm256_set1_ps(fp16(y[ib].d)));
+
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc);
+	}
+	_mm256_storeu_ps(out, acc);
+}
+
+/*
  * ggml's x86 kernel (mul_sum_i8_pairs_float) sums elements 4j..4j+3 of a
  * block into int32 lane j, converts, and adds d * lane with one FMA per
  * block; the lanes are reduced at the end by hsum_f32x8.  Here both sides
@@ -598,6 +646,7 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot[ENG_TYPE_F16] = vec_dot_f16;
 	avx2.vec_dot[ENG_TYPE_BF16] = vec_dot_bf16;
 	avx2.vec_dot[ENG_TYPE_Q4_0] = vec_dot_q4_0_q8_0;
+	avx2.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_q8_0;
 	avx2.vec_dot[ENG_TYPE_Q8_0] = vec_dot_q8_0_q8_0;
 	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k;

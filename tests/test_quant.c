@@ -898,6 +898,50 @@ static void test_tables(const struct eng_kernels *k)
 	check(ok, "%s: kernel table has exactly the kernels the type table promises", k->isa);
 }
 
+/*
+ * vec_dot8 must give, for each of its 8 rows, exactly what vec_dot gives for
+ * that row (the logits tests depend on the per-row float order).  Rows are
+ * strided as in a weight matrix, with random data and random scales.
+ */
+static void test_vec_dot8(const struct eng_kernels *k)
+{
+	static const size_t lens[] = { 32, 64, 4096, 14336 };
+
+	for (uint32_t t = 0; t < ENG_TYPE_COUNT; t++) {
+		uint32_t vt;
+
+		if (!k->vec_dot8[t])
+			continue;
+		vt = eng_type_info(t)->vec_dot_type;
+		for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+			size_t n = lens[li], rb = eng_row_bytes(t, n);
+			uint8_t *w = xmalloc(rb * 8);
+			float *x = xmalloc(n * sizeof(float)), got[8], want[8];
+			void *a = xmalloc(eng_row_bytes(vt, n));
+			bool same = true;
+
+			for (int r = 0; r < 8; r++) {
+				void *row = rnd_row(t, n, false);
+
+				memcpy(w + r * rb, row, rb);
+				free(row);
+			}
+			fill_activations(x, n);
+			k->from_float[vt](x, a, n);
+			k->vec_dot8[t](n, got, w, rb, a);
+			for (int r = 0; r < 8; r++) {
+				k->vec_dot[t](n, &want[r], w + r * rb, a);
+				same &= bits_of(got[r]) == bits_of(want[r]);
+			}
+			check(same, "%s vec_dot8 is bit-identical to vec_dot per row, n=%zu (%s)",
+			      type_name(t), n, k->isa);
+			free(w);
+			free(x);
+			free(a);
+		}
+	}
+}
+
 int main(void)
 {
 	const struct eng_kernels *ref = eng_kernels_ref();
@@ -931,6 +975,7 @@ int main(void)
 	if (avx2) {
 		test_ref_dots(avx2);
 		test_simd_vs_ref(avx2, ref);
+		test_vec_dot8(avx2);
 	} else {
 		printf("skip - avx2 kernels vs reference: eng_kernels_avx2() is NULL "
 		       "(CPU lacks AVX2/FMA/F16C)\n");
