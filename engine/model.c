@@ -600,18 +600,22 @@ static void mm_worker(void *arg, unsigned ith, unsigned nth)
 		for (uint64_t t0 = r0; t0 < r1; t0 += MATMUL_TILE) {
 			uint64_t t1 = t0 + MATMUL_TILE < r1 ? t0 + MATMUL_TILE : r1;
 
-			for (uint32_t b = 0; b < j->nb; b++) {
-				const uint8_t *a = j->act + b * j->act_stride;
+			uint64_t r8 = dot8 ? t0 + (t1 - t0) / 8 * 8 : t0;
 
-				uint64_t r = t0;
+			/* eight rows by up to ENG_DOT8_NT tokens at a time, */
+			for (uint64_t r = t0; r < r8; r += 8)
+				for (uint32_t b = 0; b < j->nb; b += ENG_DOT8_NT) {
+					unsigned nt = j->nb - b < ENG_DOT8_NT ? j->nb - b : ENG_DOT8_NT;
 
-				for (; dot8 && r + 8 <= t1; r += 8)
-					dot8(w->ne0, &out[b * w->ne1 + r], w->data + r * w->row_bytes,
-					     w->row_bytes, a);
-				for (; r < t1; r++)
+					dot8(w->ne0, nt, &out[b * w->ne1 + r], w->ne1,
+					     w->data + r * w->row_bytes, w->row_bytes,
+					     j->act + b * j->act_stride, j->act_stride);
+				}
+			/* then the rows left one by one */
+			for (uint32_t b = 0; b < j->nb; b++)
+				for (uint64_t r = r8; r < t1; r++)
 					dot(w->ne0, &out[b * w->ne1 + r], w->data + r * w->row_bytes,
-					    a);
-			}
+					    j->act + b * j->act_stride);
 		}
 	}
 }

@@ -128,14 +128,17 @@ typedef void (*eng_from_float_fn)(const float *src, void *dst, size_t n);
 typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *a);
 
 /*
- * vec_dot8: out[r] = row r . a for the 8 weight rows at w, w + stride, ...,
- * w + 7 * stride, each bit-identical to what vec_dot gives for that row:
- * the rows' summation chains run side by side (SIMD lanes), not merged, so
- * a row's float order is the one vec_dot (and the reference engine) uses.
- * Chains of one row are latency-bound; eight at once are not.
+ * vec_dot8: out[t * out_stride + r] = row r . a_t for the 8 weight rows at
+ * w, w + stride, ..., w + 7 * stride and the nt (1 to ENG_DOT8_NT)
+ * activation rows at a, a + a_stride, ...; each result bit-identical to what
+ * vec_dot gives for that pair: the summation chains run side by side (SIMD
+ * lanes), not merged, so each keeps the float order vec_dot (and the
+ * reference engine) uses.  A chain alone is latency-bound; eight at once are
+ * not, and a weight block unpacked once serves nt tokens of a prompt.
  */
-typedef void (*eng_vec_dot8_fn)(size_t n, float *out, const void *w, size_t stride,
-				const void *a);
+#define ENG_DOT8_NT 4
+typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
+				const void *w, size_t stride, const void *a, size_t a_stride);
 
 struct eng_kernels {
 	const char *isa; /* "scalar", "avx2", ... */

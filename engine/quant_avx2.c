@@ -276,51 +276,65 @@ static void vec_dot_q4_0_q8_0(size_t n, float *out, const void *w, const void *a
 }
 
 /*
- * Eight Q4_0 rows against one activation row.  Per block, each row's exact
+ * Eight Q4_0 rows against nt activation rows.  Per block, each row's exact
  * integer sum (as above) goes into lane r of one vector (an hadd tree: the
  * integer sums are exact in any order), and one vector FMA then does, in
  * lane r, what vec_dot_q4_0_q8_0 does for row r: fmaf(sum, d_x * d_y, acc)
- * in block order.  Bit-identical per row, and eight chains in flight.
+ * in block order.  Bit-identical per row, eight chains in flight, and the
+ * rows' nibbles unpacked once for all nt tokens.
  */
-static void vec_dot8_q4_0_q8_0(size_t n, float *out, const void *w, size_t stride,
-			       const void *a)
+static inline __m256i lanes_of_8(const __m256i s[8])
 {
-	const uint8_t *rows = w;
-	const struct eng_block_q8_0 *y = a;
+	const __m256i h01 = _mm256_hadd_epi32(s[0], s[1]), h23 = _mm256_hadd_epi32(s[2], s[3]);
+	const __m256i h45 = _mm256_hadd_epi32(s[4], s[5]), h67 = _mm256_hadd_epi32(s[6], s[7]);
+	const __m256i h03 = _mm256_hadd_epi32(h01, h23), h47 = _mm256_hadd_epi32(h45, h67);
+
+	return _mm256_add_epi32(_mm256_permute2x128_si256(h03, h47, 0x20),
+				_mm256_permute2x128_si256(h03, h47, 0x31));
+}
+
+static void vec_dot8_q4_0_q8_0(size_t n, unsigned nt, float *out, size_t out_stride,
+			       const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	const uint8_t *rows = w, *act = a;
 	const __m128i m4 = _mm_set1_epi8(0x0f);
 	const __m256i eight = _mm256_set1_epi8(8);
 	const __m256i ones = _mm256_set1_epi16(1);
-	__m256 acc = _mm256_setzero_ps();
+	__m256 acc[ENG_DOT8_NT];
 
+	for (unsigned t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
 	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
-		const __m256i qy = _mm256_loadu_si256((const void *)y[ib].qs);
-		const __m256i y8 = _mm256_maddubs_epi16(eight, qy);
-		__m256i s[8];
+		__m256i qx[8];
 		uint16_t d[8];
 
 		for (int r = 0; r < 8; r++) {
 			const struct eng_block_q4_0 *x =
 				(const struct eng_block_q4_0 *)(rows + (size_t)r * stride) + ib;
 			const __m128i raw = _mm_loadu_si128((const void *)x->qs);
-			const __m256i qx = _mm256_set_m128i(
-				_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
 
-			s[r] = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(qx, qy), y8),
-						 ones);
+			qx[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4),
+						 _mm_and_si128(raw, m4));
 			d[r] = x->d;
 		}
-		/* lanes of s[r] summed into lane r */
-		const __m256i h01 = _mm256_hadd_epi32(s[0], s[1]), h23 = _mm256_hadd_epi32(s[2], s[3]);
-		const __m256i h45 = _mm256_hadd_epi32(s[4], s[5]), h67 = _mm256_hadd_epi32(s[6], s[7]);
-		const __m256i h03 = _mm256_hadd_epi32(h01, h23), h47 = _mm256_hadd_epi32(h45, h67);
-		const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(h03, h47, 0x20),
-						     _mm256_permute2x128_si256(h03, h47, 0x31));
 		const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const void *)d));
-		const __m256 scale = _mm256_mul_ps(dx, _mm256_set1_ps(fp16(y[ib].d)));
 
-		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc);
+		for (unsigned t = 0; t < nt; t++) {
+			const struct eng_block_q8_0 *y =
+				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
+			const __m256i qy = _mm256_loadu_si256((const void *)y->qs);
+			const __m256i y8 = _mm256_maddubs_epi16(eight, qy);
+			__m256i s[8];
+
+			for (int r = 0; r < 8; r++)
+				s[r] = _mm256_madd_epi16(
+					_mm256_sub_epi16(_mm256_maddubs_epi16(qx[r], qy), y8), ones);
+			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of_8(s)),
+						 _mm256_mul_ps(dx, _mm256_set1_ps(fp16(y->d))), acc[t]);
+		}
 	}
-	_mm256_storeu_ps(out, acc);
+	for (unsigned t = 0; t < nt; t++)
+		_mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
 
 /*

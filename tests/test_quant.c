@@ -915,9 +915,10 @@ static void test_vec_dot8(const struct eng_kernels *k)
 		vt = eng_type_info(t)->vec_dot_type;
 		for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
 			size_t n = lens[li], rb = eng_row_bytes(t, n);
-			uint8_t *w = xmalloc(rb * 8);
-			float *x = xmalloc(n * sizeof(float)), got[8], want[8];
-			void *a = xmalloc(eng_row_bytes(vt, n));
+			size_t ab = eng_row_bytes(vt, n);
+			uint8_t *w = xmalloc(rb * 8), *a = xmalloc(ab * ENG_DOT8_NT);
+			float *x = xmalloc(n * sizeof(float));
+			float got[ENG_DOT8_NT][9], want;
 			bool same = true;
 
 			for (int r = 0; r < 8; r++) {
@@ -926,15 +927,20 @@ static void test_vec_dot8(const struct eng_kernels *k)
 				memcpy(w + r * rb, row, rb);
 				free(row);
 			}
-			fill_activations(x, n);
-			k->from_float[vt](x, a, n);
-			k->vec_dot8[t](n, got, w, rb, a);
-			for (int r = 0; r < 8; r++) {
-				k->vec_dot[t](n, &want[r], w + r * rb, a);
-				same &= bits_of(got[r]) == bits_of(want[r]);
+			for (unsigned tk = 0; tk < ENG_DOT8_NT; tk++) {
+				fill_activations(x, n);
+				k->from_float[vt](x, a + tk * ab, n);
 			}
-			check(same, "%s vec_dot8 is bit-identical to vec_dot per row, n=%zu (%s)",
-			      type_name(t), n, k->isa);
+			for (unsigned nt = 1; nt <= ENG_DOT8_NT; nt++) {
+				k->vec_dot8[t](n, nt, &got[0][0], 9, w, rb, a, ab);
+				for (unsigned tk = 0; tk < nt; tk++)
+					for (int r = 0; r < 8; r++) {
+						k->vec_dot[t](n, &want, w + r * rb, a + tk * ab);
+						same &= bits_of(got[tk][r]) == bits_of(want);
+					}
+			}
+			check(same, "%s vec_dot8 is bit-identical to vec_dot per row and token, "
+			      "n=%zu, 1 to %d tokens (%s)", type_name(t), n, ENG_DOT8_NT, k->isa);
 			free(w);
 			free(x);
 			free(a);
