@@ -174,12 +174,15 @@ static void kernels_init(void)
 {
 	const char *isa = getenv("STRATA_ISA");
 	const struct eng_kernels *avx2 = eng_kernels_avx2();
+	const struct eng_kernels *avx512 = eng_kernels_avx512();
 
-	/* eng_kernels_avx2() itself checks cpuid, so asking for avx2 on a CPU
-	 * without it quietly gives the scalar set rather than SIGILL. An
-	 * unknown value is treated like no value. */
+	/* The eng_kernels_*() functions check cpuid themselves, so asking for
+	 * a set this CPU lacks quietly gives the next one down rather than
+	 * SIGILL.  An unknown value is treated like no value. */
 	if (isa && !strcmp(isa, "scalar"))
 		kernels_best = eng_kernels_ref();
+	else if (avx512 && !(isa && !strcmp(isa, "avx2")))
+		kernels_best = avx512;
 	else if (avx2)
 		kernels_best = avx2;
 	else

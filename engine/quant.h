@@ -153,7 +153,10 @@ const struct eng_kernels *eng_kernels_ref(void);
 /* The AVX2 set, or NULL if this CPU (or build) lacks AVX2/FMA/F16C. Types the
  * set does not accelerate fall back to the reference kernels. */
 const struct eng_kernels *eng_kernels_avx2(void);
-/* The best set for this CPU, chosen once; STRATA_ISA=scalar|avx2 overrides. */
+/* The AVX2 set plus AVX-512 VNNI kernels (256-bit), or NULL without them. */
+const struct eng_kernels *eng_kernels_avx512(void);
+/* The best set for this CPU, chosen once; STRATA_ISA=scalar|avx2|avx512 asks
+ * for one (a set the CPU lacks falls back to the next one down). */
 const struct eng_kernels *eng_kernels_get(void);
 
 float eng_fp16_to_fp32(eng_fp16_t h);

@@ -338,6 +338,68 @@ static void vec_dot8_q4_0_q8_0(size_t n, unsigned nt, float *out, size_t out_str
 }
 
 /*
+ * The same with AVX-512 VNNI on 256-bit vectors: one vpdpbusd, started from
+ * -8 * (y sums) instead of zero, gives each row's four-element sums of
+ * (q - 8) * y, where AVX2 needs maddubs, a subtraction and madd.  Exact
+ * int32 either way, so the lanes, and the rows' float chains, are the same.
+ * (256-bit, not 512: this CPU splits 512-bit operations in two.)
+ */
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+
+VNNI static void vec_dot8_q4_0_q8_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
+					  const void *w, size_t stride, const void *a,
+					  size_t a_stride)
+{
+	const uint8_t *rows = w, *act = a;
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	const __m256i eight = _mm256_set1_epi8(8);
+	__m256 acc[ENG_DOT8_NT];
+
+	for (unsigned t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		__m256i qx[8];
+		uint16_t d[8];
+
+		/* two rows per load: [qs_a | qs_b] -> [lo_a | hi_a], [lo_b | hi_b] */
+		for (int r = 0; r < 8; r += 2) {
+			const struct eng_block_q4_0 *xa =
+				(const struct eng_block_q4_0 *)(rows + (size_t)r * stride) + ib;
+			const struct eng_block_q4_0 *xb =
+				(const struct eng_block_q4_0 *)(rows + (size_t)(r + 1) * stride) + ib;
+			const __m256i raw = _mm256_set_m128i(_mm_loadu_si128((const void *)xb->qs),
+							     _mm_loadu_si128((const void *)xa->qs));
+			const __m256i lo = _mm256_and_si256(raw, m4);
+			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+
+			qx[r] = _mm256_permute2x128_si256(lo, hi, 0x20);
+			qx[r + 1] = _mm256_permute2x128_si256(lo, hi, 0x31);
+			d[r] = xa->d;
+			d[r + 1] = xb->d;
+		}
+		const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const void *)d));
+
+		for (unsigned t = 0; t < nt; t++) {
+			const struct eng_block_q8_0 *y =
+				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
+			const __m256i qy = _mm256_loadu_si256((const void *)y->qs);
+			/* -8 * (sum of each group of four y), exact for any y */
+			const __m256i base = _mm256_sub_epi32(
+				_mm256_setzero_si256(),
+				_mm256_dpbusd_epi32(_mm256_setzero_si256(), eight, qy));
+			__m256i s[8];
+
+			for (int r = 0; r < 8; r++)
+				s[r] = _mm256_dpbusd_epi32(base, qx[r], qy);
+			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of_8(s)),
+						 _mm256_mul_ps(dx, _mm256_set1_ps(fp16(y->d))), acc[t]);
+		}
+	}
+	for (unsigned t = 0; t < nt; t++)
+		_mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+/*
  * ggml's x86 kernel (mul_sum_i8_pairs_float) sums elements 4j..4j+3 of a
  * block into int32 lane j, converts, and adds d * lane with one FMA per
  * block; the lanes are reduced at the end by hsum_f32x8.  Here both sides
@@ -671,4 +733,29 @@ BASELINE const struct eng_kernels *eng_kernels_avx2(void)
 {
 	pthread_once(&avx2_once, avx2_init);
 	return avx2_ok ? &avx2 : NULL;
+}
+
+/* The AVX2 set with the kernels AVX-512 VNNI speeds up. */
+static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
+static struct eng_kernels avx512;
+static bool avx512_ok;
+
+BASELINE static void avx512_init(void)
+{
+	const struct eng_kernels *base = eng_kernels_avx2();
+
+	__builtin_cpu_init();
+	avx512_ok = base && __builtin_cpu_supports("avx512f") &&
+		    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+	if (!avx512_ok)
+		return;
+	avx512 = *base;
+	avx512.isa = "avx512";
+	avx512.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_q8_0_vnni;
+}
+
+BASELINE const struct eng_kernels *eng_kernels_avx512(void)
+{
+	pthread_once(&avx512_once, avx512_init);
+	return avx512_ok ? &avx512 : NULL;
 }
