@@ -172,7 +172,7 @@ if a.cgroup:
     got = {w: [] for w in ways}
     peaks = {w: [] for w in ways}
     fails = {w: [] for w in ways}  # times the cgroup hit its limit (the kernel reclaimed)
-    planned = None
+    planned = {}  # way -> layers the daemon planned resident
     for rep in range(a.reps):
         for w in ways:
             cg = f"/sys/fs/cgroup/memory/strata-bench-{os.getpid()}"
@@ -190,7 +190,7 @@ if a.cgroup:
                 p = daemon(["--budget", str(budget)] + (["--fuse", mnt] if w == "fuse" else []),
                            pre=into, opened=os.path.join(mnt, os.path.basename(model))
                            if w == "fuse" else None)
-                planned = status()["resident_layers_planned"]
+                planned[w] = status()["resident_layers_planned"]
                 if w == "uffd":
                     r = bench(["--pager", sock], pre=into)
                 else:
@@ -206,7 +206,8 @@ if a.cgroup:
     med = {w: statistics.median(got[w]) for w in ways}
     print(f"\nUnder a memory cgroup limited to {limit / 2**20:.0f} MiB (budget "
           f"{budget / 2**20:.0f} MiB = half the model, + 64 MiB for the engine); the pager "
-          f"plans {planned} of {n_layers} layers resident:\n")
+          f"plans {planned.get('uffd')} of {n_layers} layers resident for the engine and "
+          f"{planned.get('fuse')} for the mount:\n")
     print("| how the engine maps the model | decode tok/s (runs) | peak MiB (max) | "
           "limit hit (failcnt, max) | vs uffd | vs plain |")
     print("|---|---|---|---|---|---|")
