@@ -15,13 +15,13 @@
  */
 #include "io_i.h"
 #include "pager.h"
+#include "pager_i.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 struct chunk {
@@ -45,14 +45,6 @@ struct pager_io {
 	uint64_t busy_since_ns;    /* when inflight went from 0 to 1 */
 	uint64_t busy_ns;          /* total time with reads in flight */
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int pio_create(unsigned depth, uint64_t chunk, struct pager_io **out)
 {
@@ -138,7 +130,7 @@ static void submit_waiting(struct pager_io *io)
 			io_uring_prep_read(sqe, c->fd, c->buf, (unsigned)c->len, c->off);
 		io_uring_sqe_set_data(sqe, c);
 		if (io->inflight++ == 0)
-			io->busy_since_ns = now_ns();
+			io->busy_since_ns = pager_now_ns();
 		any = true;
 	}
 	if (any)
@@ -208,7 +200,7 @@ void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
 
 		io_uring_cqe_seen(&io->ring, cqe);
 		if (--io->inflight == 0)
-			io->busy_ns += now_ns() - io->busy_since_ns;
+			io->busy_ns += pager_now_ns() - io->busy_since_ns;
 		if (res == -EINTR || res == -EAGAIN) {
 			enqueue(io, c);
 			continue;
@@ -242,7 +234,7 @@ void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
 
 uint64_t pio_busy_ns(const struct pager_io *io)
 {
-	return io->busy_ns + (io->inflight ? now_ns() - io->busy_since_ns : 0);
+	return io->busy_ns + (io->inflight ? pager_now_ns() - io->busy_since_ns : 0);
 }
 
 unsigned pio_inflight(const struct pager_io *io)

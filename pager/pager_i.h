@@ -52,4 +52,7 @@ int pager_layout_unit_of(const struct pager_layout *l, uint64_t off);
 bool pager_layout_sparse_own(const struct pager_layout *l, uint64_t *off, uint64_t *end);
 bool pager_unit_has_page(const struct pager_unit *u, uint64_t off);
 
+/* util.c: CLOCK_MONOTONIC in nanoseconds */
+uint64_t pager_now_ns(void);
+
 #endif

@@ -153,7 +153,6 @@ enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD, EV_FUS
 #define EV_KIND(u) ((enum ev_kind)((u) & 7))
 #define EV_PTR(u) ((void *)(uintptr_t)((u) & ~(uint64_t)7))
 
-uint64_t pager_now_ns(void);
 
 /* residency.c */
 int pager_load(struct model *m, unsigned u);

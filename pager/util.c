@@ -7,6 +7,7 @@
  * path logs above DEBUG: it counts into stats that stratactl reads instead.
  */
 #include "pager.h"
+#include "pager_i.h"
 #include "proto_i.h"
 
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 static void default_sink(enum pager_log_level level, const char *msg)
 {
@@ -121,4 +123,13 @@ int proto_send(int fd, uint16_t type, const void *payload, uint32_t len, int pas
 	}
 	/* never blocks the daemon's loop; a full socket buffer is a dead peer */
 	return sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(sizeof(hdr) + len) ? 0 : -EIO;
+}
+
+/* CLOCK_MONOTONIC in nanoseconds, for the daemon's waits and busy times. */
+uint64_t pager_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
