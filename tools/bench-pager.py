@@ -2,7 +2,7 @@
 """Decode speed through the pager against the bound the hardware sets.
 
   tools/bench-pager.py [--model M.gguf] [--reps 3] [--tokens 8] [--prompt 16]
-                       [--threads T] [--fractions 1,0.75,0.5,0.25] [--cgroup]
+                       [--threads T] [--fractions 1,0.75,0.5,0.25] [--cgroup [--window N]]
 
 Without --model it makes (once) an 8B-shaped Q4_0 model with strata-mkmodel
 under /var/tmp/strata-bench.  Each repetition measures, side by side:
@@ -40,6 +40,8 @@ ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per run (o
 ap.add_argument("--threads", type=int, default=0)
 ap.add_argument("--fractions", default="1,0.75,0.5,0.25", help="empty: only the cgroup runs")
 ap.add_argument("--cgroup", action="store_true")
+ap.add_argument("--window", type=int, default=0, help="stratad --window in the cgroup runs "
+                "(0: its default)")
 a = ap.parse_args()
 
 model = a.model
@@ -187,7 +189,8 @@ if a.cgroup:
             if w == "plain":
                 r = bench([], pre=into)
             else:
-                p = daemon(["--budget", str(budget)] + (["--fuse", mnt] if w == "fuse" else []),
+                win = ["--window", str(a.window)] if a.window else []
+                p = daemon(["--budget", str(budget), *win] + (["--fuse", mnt] if w == "fuse" else []),
                            pre=into, opened=os.path.join(mnt, os.path.basename(model))
                            if w == "fuse" else None)
                 planned[w] = status()["resident_layers_planned"]
