@@ -37,6 +37,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -575,48 +576,78 @@ void eng_ctx_reset(struct eng_ctx *c)
 
 /* ---- forward pass ----------------------------------------------------- */
 
-/* Up to three matmuls sharing one input: out_j[b][r] = W_j[r] . in[b]. */
+/*
+ * Up to three matmuls sharing one input: out_j[b][r] = W_j[r] . in[b].  The
+ * threads take chunks of rows from a shared counter, in order over the n
+ * weights, rather than fixed shares, so one slow thread (the machine is
+ * shared, the memory bandwidth too) does not leave the other waiting.  A
+ * chunk is about 1024 token-rows: big for a decode step (cold starts cost:
+ * each chunk begins without the kernels' prefetch running ahead), down to 64
+ * rows for a prompt.  The counter lives in the job, on the caller's stack:
+ * nothing is allocated per matmul.
+ */
+#define MATMUL_CHUNK 64 /* rows: the smallest chunk, a multiple of MATMUL_TILE and 8 */
+#define MATMUL_CHUNK_WORK 1024 /* token-rows per chunk */
+
 struct mm_job {
 	unsigned n;
 	const struct wt *w[3];
 	float *out[3];
+	uint64_t chunk;     /* rows per chunk */
+	uint64_t chunks[3]; /* chunks of weight m: chunks[m] - chunks[m - 1] */
+	_Atomic uint64_t next; /* next chunk to take, over all n weights */
 	const uint8_t *act; /* nb rows of act_stride bytes, in vec_dot_type */
 	size_t act_stride;
 	uint32_t nb;
 	const struct eng_kernels *k;
 };
 
+/* Rows [r0, r1) of weight w, in tiles of MATMUL_TILE rows. */
+static void mm_rows(const struct mm_job *j, const struct wt *w, float *out, uint64_t r0,
+		    uint64_t r1)
+{
+	eng_vec_dot_fn dot = j->k->vec_dot[w->type];
+	eng_vec_dot8_fn dot8 = j->k->vec_dot8[w->type];
+
+	for (uint64_t t0 = r0; t0 < r1; t0 += MATMUL_TILE) {
+		uint64_t t1 = t0 + MATMUL_TILE < r1 ? t0 + MATMUL_TILE : r1;
+		uint64_t r8 = dot8 ? t0 + (t1 - t0) / 8 * 8 : t0;
+
+		/* eight rows by up to ENG_DOT8_NT tokens at a time, */
+		for (uint64_t r = t0; r < r8; r += 8)
+			for (uint32_t b = 0; b < j->nb; b += ENG_DOT8_NT) {
+				unsigned nt = j->nb - b < ENG_DOT8_NT ? j->nb - b : ENG_DOT8_NT;
+
+				dot8(w->ne0, nt, &out[b * w->ne1 + r], w->ne1,
+				     w->data + r * w->row_bytes, w->row_bytes,
+				     j->act + b * j->act_stride, j->act_stride);
+			}
+		/* then the rows left one by one */
+		for (uint32_t b = 0; b < j->nb; b++)
+			for (uint64_t r = r8; r < t1; r++)
+				dot(w->ne0, &out[b * w->ne1 + r], w->data + r * w->row_bytes,
+				    j->act + b * j->act_stride);
+	}
+}
+
 static void mm_worker(void *arg, unsigned ith, unsigned nth)
 {
-	const struct mm_job *j = arg;
+	struct mm_job *j = arg;
+	unsigned m = 0;
 
-	for (unsigned m = 0; m < j->n; m++) {
+	for (;;) {
+		uint64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+
+		while (m < j->n && c >= j->chunks[m])
+			m++;
+		if (m == j->n)
+			return;
+
 		const struct wt *w = j->w[m];
-		eng_vec_dot_fn dot = j->k->vec_dot[w->type];
-		eng_vec_dot8_fn dot8 = j->k->vec_dot8[w->type];
-		uint64_t r0 = w->ne1 * ith / nth, r1 = w->ne1 * (ith + 1) / nth;
-		float *out = j->out[m];
+		uint64_t r0 = (c - (m ? j->chunks[m - 1] : 0)) * j->chunk;
+		uint64_t r1 = r0 + j->chunk < w->ne1 ? r0 + j->chunk : w->ne1;
 
-		for (uint64_t t0 = r0; t0 < r1; t0 += MATMUL_TILE) {
-			uint64_t t1 = t0 + MATMUL_TILE < r1 ? t0 + MATMUL_TILE : r1;
-
-			uint64_t r8 = dot8 ? t0 + (t1 - t0) / 8 * 8 : t0;
-
-			/* eight rows by up to ENG_DOT8_NT tokens at a time, */
-			for (uint64_t r = t0; r < r8; r += 8)
-				for (uint32_t b = 0; b < j->nb; b += ENG_DOT8_NT) {
-					unsigned nt = j->nb - b < ENG_DOT8_NT ? j->nb - b : ENG_DOT8_NT;
-
-					dot8(w->ne0, nt, &out[b * w->ne1 + r], w->ne1,
-					     w->data + r * w->row_bytes, w->row_bytes,
-					     j->act + b * j->act_stride, j->act_stride);
-				}
-			/* then the rows left one by one */
-			for (uint32_t b = 0; b < j->nb; b++)
-				for (uint64_t r = r8; r < t1; r++)
-					dot(w->ne0, &out[b * w->ne1 + r], w->data + r * w->row_bytes,
-					    j->act + b * j->act_stride);
-		}
+		mm_rows(j, w, j->out[m], r0, r1);
 	}
 }
 
@@ -631,10 +662,15 @@ static void matmul(struct eng_ctx *c, unsigned n, const struct wt *const *w, flo
 	uint64_t ne0 = w[0]->ne0;
 	uint32_t vt = eng_type_info(w[0]->type)->vec_dot_type;
 
+	j.chunk = MATMUL_CHUNK_WORK / (nb ? nb : 1) / MATMUL_CHUNK * MATMUL_CHUNK;
+	if (j.chunk < MATMUL_CHUNK)
+		j.chunk = MATMUL_CHUNK;
 	for (unsigned i = 0; i < n; i++) {
 		j.w[i] = w[i];
 		j.out[i] = out[i];
+		j.chunks[i] = (i ? j.chunks[i - 1] : 0) + (w[i]->ne1 + j.chunk - 1) / j.chunk;
 	}
+	atomic_init(&j.next, 0);
 	if (vt == ENG_TYPE_F32) {
 		j.act = (const uint8_t *)in;
 		j.act_stride = ne0 * sizeof(float);

@@ -136,7 +136,7 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  * reference engine) uses.  A chain alone is latency-bound; eight at once are
  * not, and a weight block unpacked once serves nt tokens of a prompt.
  */
-#define ENG_DOT8_NT 4
+#define ENG_DOT8_NT 8
 typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
 				const void *w, size_t stride, const void *a, size_t a_stride);
 

@@ -1,11 +1,12 @@
 /*
  * quant_avx2.c - the AVX2/FMA/F16C kernel set.
  *
- * This is the only file built with -mavx2 -mfma -mf16c, and nothing in it
+ * Built with -mavx2 -mfma -mf16c (as quant_avx512.c is), and nothing in it
  * runs before eng_kernels_avx2() has checked cpuid, so the binary still
  * starts on older CPUs.  The set is the reference set with the hot kernels
- * replaced: the quantized dot products, the float dot products, F16 rows to
- * float, and the two activation quantizers.
+ * replaced: the quantized dot products (and the eight-row Q4_0 vec_dot8),
+ * the float dot products, F16 rows to float, and the two activation
+ * quantizers.
  *
  * Numerics: the integer part of every quantized dot product is exact (the
  * per-block integer sums equal the reference ones for any input bytes, -128
@@ -19,22 +20,13 @@
  * Threading: the table is built once under pthread_once; the kernels are
  * pure.
  */
-#include "quant.h"
+#include "quant_x86_i.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
-
-/*
- * The code that runs before the cpuid check (and the table set-up, which the
- * compiler would otherwise happily vectorize with VEX instructions) is built
- * for the SSE2 baseline ("no-sse3" also turns off everything above it), so
- * that asking for this set on an old CPU returns NULL instead of dying with
- * SIGILL.
- */
-#define BASELINE __attribute__((target("no-sse3")))
 
 BASELINE static bool cpu_has_avx2(void)
 {
@@ -47,20 +39,6 @@ BASELINE static bool cpu_has_avx2(void)
 	if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_F16C))
 		return false;
 	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
-static inline float fp16(eng_fp16_t h)
-{
-	return _cvtsh_ss(h);
-}
-
-static inline float hsum_f32x8(__m256 v)
-{
-	__m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-
-	r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-	r = _mm_add_ss(r, _mm_movehdup_ps(r));
-	return _mm_cvtss_f32(r);
 }
 
 static inline int32_t hsum_i32x8(__m256i v)
@@ -275,128 +253,72 @@ static void vec_dot_q4_0_q8_0(size_t n, float *out, const void *w, const void *a
 	*out = acc;
 }
 
-/*
- * Eight Q4_0 rows against nt activation rows.  Per block, each row's exact
- * integer sum (as above) goes into lane r of one vector (an hadd tree: the
- * integer sums are exact in any order), and one vector FMA then does, in
- * lane r, what vec_dot_q4_0_q8_0 does for row r: fmaf(sum, d_x * d_y, acc)
- * in block order.  Bit-identical per row, eight chains in flight, and the
- * rows' nibbles unpacked once for all nt tokens.
- */
-static inline __m256i lanes_of_8(const __m256i s[8])
-{
-	const __m256i h01 = _mm256_hadd_epi32(s[0], s[1]), h23 = _mm256_hadd_epi32(s[2], s[3]);
-	const __m256i h45 = _mm256_hadd_epi32(s[4], s[5]), h67 = _mm256_hadd_epi32(s[6], s[7]);
-	const __m256i h03 = _mm256_hadd_epi32(h01, h23), h47 = _mm256_hadd_epi32(h45, h67);
+/* Up to four tokens at a time: sixteen vector registers. */
+#define Q4_0_NT_AVX2 4
 
-	return _mm256_add_epi32(_mm256_permute2x128_si256(h03, h47, 0x20),
-				_mm256_permute2x128_si256(h03, h47, 0x31));
+/*
+ * Eight rows (layout in quant_x86_i.h) with AVX2: the unsigned nibbles times
+ * y with maddubs (pairs below 2^12, no saturation), 8 * y taken off in 16
+ * bits, so each 16-bit lane holds a sum of four (q - 8) * y (|x| <= 4096,
+ * any y, -128 included); madd widens pairs of them.
+ */
+static inline __attribute__((always_inline)) void
+dot8_q4_0_avx2(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
+	       size_t stride, const uint8_t *act, size_t a_stride)
+{
+	const __m256i eight = _mm256_set1_epi8(8);
+	const __m256i ones = _mm256_set1_epi16(1);
+	__m256 acc[Q4_0_NT_AVX2];
+
+	for (unsigned t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		struct q4_0_x8 x;
+
+		q4_0_load8(&x, rows, stride, ib);
+		for (unsigned t = 0; t < nt; t++) {
+			const struct eng_block_q8_0 *y =
+				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
+			const __m256i ylo = _mm256_broadcastsi128_si256(
+				_mm_loadu_si128((const void *)y->qs));
+			const __m256i yhi = _mm256_broadcastsi128_si256(
+				_mm_loadu_si128((const void *)(y->qs + 16)));
+			const __m256i y8 = _mm256_add_epi16(_mm256_maddubs_epi16(eight, ylo),
+							    _mm256_maddubs_epi16(eight, yhi));
+			__m256i s[4];
+
+			for (int p = 0; p < 4; p++) {
+				const __m256i p16 = _mm256_add_epi16(
+					_mm256_maddubs_epi16(x.lo[p], ylo),
+					_mm256_maddubs_epi16(x.hi[p], yhi));
+
+				s[p] = _mm256_madd_epi16(_mm256_sub_epi16(p16, y8), ones);
+			}
+			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_lanes(s)),
+						 _mm256_mul_ps(x.d, fp16x8(y->d)),
+						 acc[t]);
+		}
+	}
+	for (unsigned t = 0; t < nt; t++)
+		_mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
 
+/* Up to four tokens at a time (sixteen vector registers), each count its own
+ * copy of the loop so the accumulators stay in registers. */
 static void vec_dot8_q4_0_q8_0(size_t n, unsigned nt, float *out, size_t out_stride,
 			       const void *w, size_t stride, const void *a, size_t a_stride)
 {
-	const uint8_t *rows = w, *act = a;
-	const __m128i m4 = _mm_set1_epi8(0x0f);
-	const __m256i eight = _mm256_set1_epi8(8);
-	const __m256i ones = _mm256_set1_epi16(1);
-	__m256 acc[ENG_DOT8_NT];
+	for (unsigned t0 = 0; t0 < nt; t0 += Q4_0_NT_AVX2) {
+		float *o = out + t0 * out_stride;
+		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
 
-	for (unsigned t = 0; t < nt; t++)
-		acc[t] = _mm256_setzero_ps();
-	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
-		__m256i qx[8];
-		uint16_t d[8];
-
-		for (int r = 0; r < 8; r++) {
-			const struct eng_block_q4_0 *x =
-				(const struct eng_block_q4_0 *)(rows + (size_t)r * stride) + ib;
-			const __m128i raw = _mm_loadu_si128((const void *)x->qs);
-
-			qx[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4),
-						 _mm_and_si128(raw, m4));
-			d[r] = x->d;
-		}
-		const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const void *)d));
-
-		for (unsigned t = 0; t < nt; t++) {
-			const struct eng_block_q8_0 *y =
-				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
-			const __m256i qy = _mm256_loadu_si256((const void *)y->qs);
-			const __m256i y8 = _mm256_maddubs_epi16(eight, qy);
-			__m256i s[8];
-
-			for (int r = 0; r < 8; r++)
-				s[r] = _mm256_madd_epi16(
-					_mm256_sub_epi16(_mm256_maddubs_epi16(qx[r], qy), y8), ones);
-			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of_8(s)),
-						 _mm256_mul_ps(dx, _mm256_set1_ps(fp16(y->d))), acc[t]);
+		switch (nt - t0) {
+		case 1: dot8_q4_0_avx2(n, 1, o, out_stride, w, stride, y, a_stride); break;
+		case 2: dot8_q4_0_avx2(n, 2, o, out_stride, w, stride, y, a_stride); break;
+		case 3: dot8_q4_0_avx2(n, 3, o, out_stride, w, stride, y, a_stride); break;
+		default: dot8_q4_0_avx2(n, 4, o, out_stride, w, stride, y, a_stride); break;
 		}
 	}
-	for (unsigned t = 0; t < nt; t++)
-		_mm256_storeu_ps(out + t * out_stride, acc[t]);
-}
-
-/*
- * The same with AVX-512 VNNI on 256-bit vectors: one vpdpbusd, started from
- * -8 * (y sums) instead of zero, gives each row's four-element sums of
- * (q - 8) * y, where AVX2 needs maddubs, a subtraction and madd.  Exact
- * int32 either way, so the lanes, and the rows' float chains, are the same.
- * (256-bit, not 512: this CPU splits 512-bit operations in two.)
- */
-#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
-
-VNNI static void vec_dot8_q4_0_q8_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
-					  const void *w, size_t stride, const void *a,
-					  size_t a_stride)
-{
-	const uint8_t *rows = w, *act = a;
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	const __m256i eight = _mm256_set1_epi8(8);
-	__m256 acc[ENG_DOT8_NT];
-
-	for (unsigned t = 0; t < nt; t++)
-		acc[t] = _mm256_setzero_ps();
-	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
-		__m256i qx[8];
-		uint16_t d[8];
-
-		/* two rows per load: [qs_a | qs_b] -> [lo_a | hi_a], [lo_b | hi_b] */
-		for (int r = 0; r < 8; r += 2) {
-			const struct eng_block_q4_0 *xa =
-				(const struct eng_block_q4_0 *)(rows + (size_t)r * stride) + ib;
-			const struct eng_block_q4_0 *xb =
-				(const struct eng_block_q4_0 *)(rows + (size_t)(r + 1) * stride) + ib;
-			const __m256i raw = _mm256_set_m128i(_mm_loadu_si128((const void *)xb->qs),
-							     _mm_loadu_si128((const void *)xa->qs));
-			const __m256i lo = _mm256_and_si256(raw, m4);
-			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-
-			qx[r] = _mm256_permute2x128_si256(lo, hi, 0x20);
-			qx[r + 1] = _mm256_permute2x128_si256(lo, hi, 0x31);
-			d[r] = xa->d;
-			d[r + 1] = xb->d;
-		}
-		const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const void *)d));
-
-		for (unsigned t = 0; t < nt; t++) {
-			const struct eng_block_q8_0 *y =
-				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
-			const __m256i qy = _mm256_loadu_si256((const void *)y->qs);
-			/* -8 * (sum of each group of four y), exact for any y */
-			const __m256i base = _mm256_sub_epi32(
-				_mm256_setzero_si256(),
-				_mm256_dpbusd_epi32(_mm256_setzero_si256(), eight, qy));
-			__m256i s[8];
-
-			for (int r = 0; r < 8; r++)
-				s[r] = _mm256_dpbusd_epi32(base, qx[r], qy);
-			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of_8(s)),
-						 _mm256_mul_ps(dx, _mm256_set1_ps(fp16(y->d))), acc[t]);
-		}
-	}
-	for (unsigned t = 0; t < nt; t++)
-		_mm256_storeu_ps(out + t * out_stride, acc[t]);
 }
 
 /*
@@ -733,29 +655,4 @@ BASELINE const struct eng_kernels *eng_kernels_avx2(void)
 {
 	pthread_once(&avx2_once, avx2_init);
 	return avx2_ok ? &avx2 : NULL;
-}
-
-/* The AVX2 set with the kernels AVX-512 VNNI speeds up. */
-static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
-static struct eng_kernels avx512;
-static bool avx512_ok;
-
-BASELINE static void avx512_init(void)
-{
-	const struct eng_kernels *base = eng_kernels_avx2();
-
-	__builtin_cpu_init();
-	avx512_ok = base && __builtin_cpu_supports("avx512f") &&
-		    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-	if (!avx512_ok)
-		return;
-	avx512 = *base;
-	avx512.isa = "avx512";
-	avx512.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_q8_0_vnni;
-}
-
-BASELINE const struct eng_kernels *eng_kernels_avx512(void)
-{
-	pthread_once(&avx512_once, avx512_init);
-	return avx512_ok ? &avx512 : NULL;
 }

@@ -956,6 +956,45 @@ static void test_vec_dot8(const struct eng_kernels *k)
 	}
 }
 
+/*
+ * A set built on another (avx512 on avx2) may replace its kernels only with
+ * ones that give the same bits: the logits tests hold the float order fixed.
+ * Random rows and scales, activations from the quantizer and raw (any byte).
+ */
+static void test_same_bits(const struct eng_kernels *s, const struct eng_kernels *b)
+{
+	for (int ti = 0; ti < N_WEIGHT_TYPES; ti++) {
+		uint32_t t = weight_types[ti], vt = eng_type_info(t)->vec_dot_type;
+		size_t nl;
+		const size_t *lens = lens_for(t, &nl);
+		bool same = true;
+
+		if (s->vec_dot[t] == b->vec_dot[t])
+			continue;
+		for (int rep = 0; rep < 8; rep++) {
+			for (size_t li = 0; li < nl; li++) {
+				size_t n = lens[li];
+				void *w = rnd_row(t, n, false), *a = rnd_row(vt, n, false);
+				float got, want;
+
+				if (rep % 2 && vt != ENG_TYPE_F32) {
+					float *x = xmalloc(n * sizeof(float));
+
+					fill_activations(x, n);
+					b->from_float[vt](x, a, n);
+					free(x);
+				}
+				s->vec_dot[t](n, &got, w, a);
+				b->vec_dot[t](n, &want, w, a);
+				same &= bits_of(got) == bits_of(want);
+				free(w);
+				free(a);
+			}
+		}
+		check(same, "%s: vec_dot %s bit-identical to %s's", s->isa, type_name(t), b->isa);
+	}
+}
+
 int main(void)
 {
 	const struct eng_kernels *ref = eng_kernels_ref();
@@ -990,8 +1029,10 @@ int main(void)
 		test_ref_dots(avx2);
 		test_simd_vs_ref(avx2, ref);
 		test_vec_dot8(avx2);
-		if (eng_kernels_avx512())
+		if (eng_kernels_avx512()) {
+			test_same_bits(eng_kernels_avx512(), avx2);
 			test_vec_dot8(eng_kernels_avx512());
+		}
 		else
 			printf("skip - avx512 vec_dot8: the CPU lacks AVX-512 VNNI\n");
 	} else {

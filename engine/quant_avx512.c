@@ -1,0 +1,327 @@
+/*
+ * quant_avx512.c - the avx512 kernel set: the AVX2 set with the kernels that
+ * AVX-512 VNNI (vpdpbusd, vpdpwssd on 256-bit vectors) makes faster.
+ *
+ * Built with the AVX2 flags like quant_avx2.c; the kernels here carry their
+ * own target attribute, and the table set-up is built for the baseline, so
+ * nothing in this file runs on a CPU without AVX-512 VNNI.  256-bit vectors
+ * throughout: Zen 4 splits 512-bit operations in two, and a 512-bit Q4_0
+ * kernel (tried, four rows per vector) was slower than this one.
+ *
+ * Numerics: every kernel gives the bits of the AVX2 kernel it replaces
+ * (tests/test_quant.c checks each against it): the integer sums are exact
+ * whatever the instructions, and the float operations are the same ones in
+ * the same order.
+ *
+ * Threading: the table is built once under pthread_once; the kernels are
+ * pure.
+ */
+#include "quant_x86_i.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <string.h>
+
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+
+/* ---- Q4_0 ------------------------------------------------------------- */
+
+/*
+ * Eight Q4_0 rows, laid out as in quant_avx2.c's vec_dot8 (see
+ * quant_x86_i.h): vpdpbusd, started from -8 * (y sums) instead of zero,
+ * gives each row's four-element sums of (q - 8) * y directly, where AVX2
+ * needs maddubs, a subtraction and madd.  Exact int32 either way, so the
+ * lanes, and the rows' float chains, are the same.
+ *
+ * Tried for prompts and slower here: 512-bit vectors (four rows each);
+ * transposing the nibbles once per block so that each token needs eight
+ * vpdpbusd with a broadcast y dword and no reduction (the broadcasts, and
+ * the y sums it needs instead, cost more than the reduction saves).
+ */
+VNNI static inline __attribute__((always_inline)) void
+dot8_q4_0_vnni(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
+	       size_t stride, const uint8_t *act, size_t a_stride)
+{
+	const __m256i eight = _mm256_set1_epi8(8);
+	__m256 acc[ENG_DOT8_NT];
+
+	for (unsigned t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		struct q4_0_x8 x;
+
+		q4_0_load8(&x, rows, stride, ib);
+		for (unsigned t = 0; t < nt; t++) {
+			const struct eng_block_q8_0 *y =
+				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
+			const __m256i ylo = _mm256_broadcastsi128_si256(
+				_mm_loadu_si128((const void *)y->qs));
+			const __m256i yhi = _mm256_broadcastsi128_si256(
+				_mm_loadu_si128((const void *)(y->qs + 16)));
+			const __m256i zero = _mm256_setzero_si256();
+			const __m256i base = _mm256_sub_epi32(
+				zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, eight, ylo),
+							  eight, yhi));
+			__m256i s[4];
+
+			for (int p = 0; p < 4; p++)
+				s[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(base, x.lo[p], ylo),
+							   x.hi[p], yhi);
+			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_lanes(s)),
+						 _mm256_mul_ps(x.d, fp16x8(y->d)),
+						 acc[t]);
+		}
+	}
+	for (unsigned t = 0; t < nt; t++)
+		_mm256_storeu_ps(out + t * out_stride, acc[t]);
+}
+
+/* All ENG_DOT8_NT tokens at once (AVX-512 has 32 vector registers), each
+ * count its own copy of the loop so the accumulators stay in registers. */
+VNNI static void vec_dot8_q4_0_q8_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
+					  const void *w, size_t stride, const void *a,
+					  size_t a_stride)
+{
+	switch (nt) {
+	case 1: dot8_q4_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride); break;
+	case 2: dot8_q4_0_vnni(n, 2, out, out_stride, w, stride, a, a_stride); break;
+	case 3: dot8_q4_0_vnni(n, 3, out, out_stride, w, stride, a, a_stride); break;
+	case 4: dot8_q4_0_vnni(n, 4, out, out_stride, w, stride, a, a_stride); break;
+	case 5: dot8_q4_0_vnni(n, 5, out, out_stride, w, stride, a, a_stride); break;
+	case 6: dot8_q4_0_vnni(n, 6, out, out_stride, w, stride, a, a_stride); break;
+	case 7: dot8_q4_0_vnni(n, 7, out, out_stride, w, stride, a, a_stride); break;
+	default: dot8_q4_0_vnni(n, 8, out, out_stride, w, stride, a, a_stride); break;
+	}
+}
+
+/* ---- Q8_0 ------------------------------------------------------------- */
+
+/*
+ * Eight Q8_0 rows with AVX-512 VNNI, each row bit-identical to
+ * vec_dot_q8_0_q8_0: its own 8-lane float accumulator, one FMA per block
+ * with d_x * d_y, the same hsum at the end.  The int32 lanes are ggml's
+ * (lane j = elements 4j..4j+3), here from one vpdpbusd per row: the weights
+ * biased to unsigned (x + 128), started from -128 * (the lane's y sum),
+ * which all rows share.  Exact for any bytes.  Eight rows mean eight
+ * independent FMA chains and the activation work done once; the rows are
+ * prefetched linearly two calls ahead as for Q4_0 (272 bytes per block).
+ * Two tokens at a time: sixteen accumulators.
+ */
+VNNI static inline __attribute__((always_inline)) void
+dot8_q8_0_vnni(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
+	       size_t stride, const uint8_t *act, size_t a_stride)
+{
+	const __m256i bias = _mm256_set1_epi8((char)0x80);
+	__m256 acc[2][8];
+
+	for (unsigned t = 0; t < nt; t++)
+		for (int r = 0; r < 8; r++)
+			acc[t][r] = _mm256_setzero_ps();
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		const uint8_t *pf = rows + Q4_0_PREFETCH_ROWS * stride +
+				    ((ib * 8 * sizeof(struct eng_block_q8_0)) & ~(size_t)63);
+		__m256i xq[8];
+		uint64_t d0 = 0, d1 = 0;
+
+		for (int r = 0; r < 8; r++) {
+			const struct eng_block_q8_0 *x =
+				(const struct eng_block_q8_0 *)(rows + (size_t)r * stride) + ib;
+
+			xq[r] = _mm256_xor_si256(_mm256_loadu_si256((const void *)x->qs), bias);
+			if (r < 4)
+				d0 |= (uint64_t)x->d << (16 * r);
+			else
+				d1 |= (uint64_t)x->d << (16 * (r - 4));
+		}
+		for (int l = 0; l < 5; l++)
+			_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+
+		const __m256 dx = _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0));
+
+		for (unsigned t = 0; t < nt; t++) {
+			const struct eng_block_q8_0 *y =
+				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
+			const __m256i qy = _mm256_loadu_si256((const void *)y->qs);
+			const __m256i base = _mm256_sub_epi32(
+				_mm256_setzero_si256(),
+				_mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, qy));
+			const __m256 dd = _mm256_mul_ps(dx, fp16x8(y->d));
+
+			for (int r = 0; r < 8; r++) {
+				const __m256 d = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(r));
+				const __m256i p32 = _mm256_dpbusd_epi32(base, xq[r], qy);
+
+				acc[t][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p32), acc[t][r]);
+			}
+		}
+	}
+	for (unsigned t = 0; t < nt; t++)
+		for (int r = 0; r < 8; r++)
+			out[t * out_stride + r] = hsum_f32x8(acc[t][r]);
+}
+
+VNNI static void vec_dot8_q8_0_q8_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
+					  const void *w, size_t stride, const void *a,
+					  size_t a_stride)
+{
+	for (unsigned t0 = 0; t0 < nt; t0 += 2) {
+		float *o = out + t0 * out_stride;
+		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
+
+		if (nt - t0 == 1)
+			dot8_q8_0_vnni(n, 1, o, out_stride, w, stride, y, a_stride);
+		else
+			dot8_q8_0_vnni(n, 2, o, out_stride, w, stride, y, a_stride);
+	}
+}
+
+/* ---- Q4_K, Q6_K ------------------------------------------------------- */
+
+/*
+ * Q4_K with AVX-512 VNNI: the same integer lanes as dot_q45_k, so the same
+ * floats, with fewer instructions: the 6-bit scales and mins unpacked in
+ * general registers as ggml does (kmask1-3) and widened to int16 at once,
+ * each sub-block's scale broadcast by one pshufb, and vpdpwssd doing the
+ * scale madd and the add to the int32 lanes in one (integers: any order).
+ */
+VNNI static void vec_dot_q4_k_q8_k_vnni(size_t n, float *out, const void *w, const void *a)
+{
+	const struct eng_block_q4_k *x = w;
+	const struct eng_block_q8_k *y = a;
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	__m256 acc = _mm256_setzero_ps();
+	__m128 acc_m = _mm_setzero_ps();
+
+	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+		const float d = y[i].d * fp16(x[i].d);
+		const float dmin = -y[i].d * fp16(x[i].dmin);
+		const int8_t *q8 = y[i].qs;
+		uint32_t u[4], lo;
+		__m256i sumi = _mm256_setzero_si256();
+
+		memcpy(u, x[i].scales, ENG_K_SCALE_SIZE);
+		/* u[0] = sc0-3, u[1] = sc4-7, u[2] = mn0-3, u[3] = mn4-7 */
+		u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+		lo = u[1] & 0x3f3f3f3f;
+		u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+		u[2] = lo;
+		u[0] &= 0x3f3f3f3f;
+
+		const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)u));
+		const __m128i sc = _mm256_castsi256_si128(sm);
+		const __m256i scales = _mm256_set_m128i(sc, sc);
+		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
+		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+						   _mm256_extracti128_si256(bs, 1));
+		const __m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), q8s);
+
+		acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+		for (int j = 0; j < ENG_QK_K / 64; j++) {
+			/* int16 scale 2j (2j + 1) in every lane */
+			const __m256i shl = _mm256_set1_epi16((short)(0x0100 * (4 * j + 1) + 4 * j));
+			const __m256i shh = _mm256_set1_epi16((short)(0x0100 * (4 * j + 3) + 4 * j + 2));
+			const __m256i bits = _mm256_loadu_si256((const void *)(x[i].qs + 32 * j));
+			const __m256i ql = _mm256_and_si256(bits, m4);
+			const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
+			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
+
+			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(ql, yl),
+						   _mm256_shuffle_epi8(scales, shl));
+			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(qh, yh),
+						   _mm256_shuffle_epi8(scales, shh));
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+	acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+	*out = hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
+}
+
+/*
+ * Q6_K with AVX-512 VNNI: the lanes of vec_dot_q6_k_q8_k exactly, with the
+ * sixteen scales widened once per block and each pair put in place by one
+ * pshufb (low 128 bits scale 2k, high 2k + 1), and vpdpwssd doing the scale
+ * madd and the add in one.
+ */
+VNNI static void vec_dot_q6_k_q8_k_vnni(size_t n, float *out, const void *w, const void *a)
+{
+	const struct eng_block_q6_k *x = w;
+	const struct eng_block_q8_k *y = a;
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	const __m256i m2 = _mm256_set1_epi8(0x03);
+	const __m256i m32 = _mm256_set1_epi8(32);
+	__m256i shuf[4];
+	__m256 acc = _mm256_setzero_ps();
+
+	for (int k = 0; k < 4; k++)
+		shuf[k] = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
+					   _mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k)));
+	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+		const float d = y[i].d * fp16(x[i].d);
+		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
+		__m256i sumi = _mm256_setzero_si256();
+
+		for (int h = 0; h < ENG_QK_K / 128; h++) {
+			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
+			const int8_t *q8 = y[i].qs + 128 * h;
+			/* scales 8h .. 8h + 7 in both halves */
+			const __m256i sch = _mm256_permute4x64_epi64(sc16, h ? 0xee : 0x44);
+			const __m256i b1 = _mm256_loadu_si256((const void *)ql);
+			const __m256i b2 = _mm256_loadu_si256((const void *)(ql + 32));
+			const __m256i bh = _mm256_loadu_si256((const void *)qhp);
+			__m256i q[4];
+
+			q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
+					       _mm256_slli_epi16(_mm256_and_si256(bh, m2), 4));
+			q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4),
+					       _mm256_slli_epi16(_mm256_and_si256(
+						       _mm256_srli_epi16(bh, 2), m2), 4));
+			q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+					       _mm256_slli_epi16(_mm256_and_si256(
+						       _mm256_srli_epi16(bh, 4), m2), 4));
+			q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+					       _mm256_slli_epi16(_mm256_and_si256(
+						       _mm256_srli_epi16(bh, 6), m2), 4));
+			for (int k = 0; k < 4; k++) {
+				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
+				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk),
+								     _mm256_maddubs_epi16(m32, yk));
+
+				sumi = _mm256_dpwssd_epi32(sumi, p16, _mm256_shuffle_epi8(sch, shuf[k]));
+			}
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	*out = hsum_f32x8(acc);
+}
+
+/* ---- the table -------------------------------------------------------- */
+
+/* The AVX2 set with the kernels AVX-512 VNNI speeds up. */
+static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
+static struct eng_kernels avx512;
+static bool avx512_ok;
+
+BASELINE static void avx512_init(void)
+{
+	const struct eng_kernels *base = eng_kernels_avx2();
+
+	__builtin_cpu_init();
+	avx512_ok = base && __builtin_cpu_supports("avx512f") &&
+		    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+	if (!avx512_ok)
+		return;
+	avx512 = *base;
+	avx512.isa = "avx512";
+	avx512.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_q8_0_vnni;
+	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0_vnni;
+	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
+	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
+}
+
+BASELINE const struct eng_kernels *eng_kernels_avx512(void)
+{
+	pthread_once(&avx512_once, avx512_init);
+	return avx512_ok ? &avx512 : NULL;
+}
