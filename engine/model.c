@@ -32,6 +32,7 @@
 #include "threads.h"
 #include "tokenizer.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -45,7 +46,7 @@
 #include <unistd.h>
 
 #define MAX_CTX_DEFAULT 4096
-#define MATMUL_TILE 16 /* weight rows kept hot in cache across a batch */
+#define MATMUL_TILE 16 /* weight rows kept hot in cache across a batch: one vec_dot16 */
 
 /* A weight tensor as the forward pass sees it: rows of ne0 elements. */
 struct wt {
@@ -85,7 +86,8 @@ struct eng_ctx {
 	eng_fp16_t *q16;             /* [n_threads][head_dim] query rounded to f16 */
 	float *logits;               /* [n_batch][n_vocab] */
 	float *theta_base;           /* [n_rot / 2] per-pair frequency */
-	uint8_t *qact;               /* quantized activations, [n_batch] rows */
+	uint8_t *qact;               /* quantized activations, [n_batch] rows
+				      * (each with its pack8 copy beside it) */
 	size_t qact_stride;
 	uint64_t bytes;
 };
@@ -497,7 +499,8 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	c->logits = xcalloc(c, (size_t)c->n_batch * hp->n_vocab, sizeof(float));
 	c->theta_base = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	/* Widest quantized activation row: any matmul input, in any vec_dot
-	 * format (F32 rows are the largest: 4 bytes per element). */
+	 * format (F32 rows are the largest: 4 bytes per element; a Q8_0 row
+	 * and its pack8 copy after it take 2.3 and up to 63 of alignment). */
 	max_in = max_in > hp->n_ff ? max_in : hp->n_ff;
 	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
 	c->qact = xcalloc(c, (size_t)c->n_batch, c->qact_stride);
@@ -596,11 +599,25 @@ struct mm_job {
 	uint64_t chunk;     /* rows per chunk */
 	uint64_t chunks[3]; /* chunks of weight m: chunks[m] - chunks[m - 1] */
 	_Atomic uint64_t next; /* next chunk to take, over all n weights */
-	const uint8_t *act; /* nb rows of act_stride bytes, in vec_dot_type */
+	const uint8_t *act;  /* nb rows of act_stride bytes, in vec_dot_type */
+	const uint8_t *act8; /* the same for vec_dot8/16: pack8'ed if the set packs */
 	size_t act_stride;
 	uint32_t nb;
 	const struct eng_kernels *k;
 };
+
+/* The 8 or 16 rows of weight w at r (fn is vec_dot8 or vec_dot16) by all
+ * tokens, up to ENG_DOT8_NT at a time. */
+static void mm_group(const struct mm_job *j, eng_vec_dot8_fn fn, const struct wt *w, float *out,
+		     uint64_t r)
+{
+	for (uint32_t b = 0; b < j->nb; b += ENG_DOT8_NT) {
+		unsigned nt = j->nb - b < ENG_DOT8_NT ? j->nb - b : ENG_DOT8_NT;
+
+		fn(w->ne0, nt, &out[b * w->ne1 + r], w->ne1, w->data + r * w->row_bytes,
+		   w->row_bytes, j->act8 + b * j->act_stride, j->act_stride);
+	}
+}
 
 /* Rows [r0, r1) of weight w, in tiles of MATMUL_TILE rows. */
 static void mm_rows(const struct mm_job *j, const struct wt *w, float *out, uint64_t r0,
@@ -608,24 +625,23 @@ static void mm_rows(const struct mm_job *j, const struct wt *w, float *out, uint
 {
 	eng_vec_dot_fn dot = j->k->vec_dot[w->type];
 	eng_vec_dot8_fn dot8 = j->k->vec_dot8[w->type];
+	eng_vec_dot8_fn dot16 = j->k->vec_dot16[w->type];
 
 	for (uint64_t t0 = r0; t0 < r1; t0 += MATMUL_TILE) {
 		uint64_t t1 = t0 + MATMUL_TILE < r1 ? t0 + MATMUL_TILE : r1;
-		uint64_t r8 = dot8 ? t0 + (t1 - t0) / 8 * 8 : t0;
+		uint64_t r = t0;
 
-		/* eight rows by up to ENG_DOT8_NT tokens at a time, */
-		for (uint64_t r = t0; r < r8; r += 8)
-			for (uint32_t b = 0; b < j->nb; b += ENG_DOT8_NT) {
-				unsigned nt = j->nb - b < ENG_DOT8_NT ? j->nb - b : ENG_DOT8_NT;
-
-				dot8(w->ne0, nt, &out[b * w->ne1 + r], w->ne1,
-				     w->data + r * w->row_bytes, w->row_bytes,
-				     j->act + b * j->act_stride, j->act_stride);
-			}
+		/* sixteen or eight rows at a time, */
+		if (dot16 && t1 - t0 == 16) {
+			mm_group(j, dot16, w, out, r);
+			r = t1;
+		}
+		for (; dot8 && r + 8 <= t1; r += 8)
+			mm_group(j, dot8, w, out, r);
 		/* then the rows left one by one */
 		for (uint32_t b = 0; b < j->nb; b++)
-			for (uint64_t r = r8; r < t1; r++)
-				dot(w->ne0, &out[b * w->ne1 + r], w->data + r * w->row_bytes,
+			for (uint64_t i = r; i < t1; i++)
+				dot(w->ne0, &out[b * w->ne1 + i], w->data + i * w->row_bytes,
 				    j->act + b * j->act_stride);
 	}
 }
@@ -672,14 +688,24 @@ static void matmul(struct eng_ctx *c, unsigned n, const struct wt *const *w, flo
 	}
 	atomic_init(&j.next, 0);
 	if (vt == ENG_TYPE_F32) {
-		j.act = (const uint8_t *)in;
+		j.act = j.act8 = (const uint8_t *)in;
 		j.act_stride = ne0 * sizeof(float);
 	} else {
 		eng_from_float_fn q = c->k->from_float[vt];
+		eng_pack8_fn pack = c->k->pack8[w[0]->type];
+		/* the packed copy after the row, on its own cache lines */
+		size_t off = pack ? (eng_row_bytes(vt, ne0) + 63) & ~(size_t)63 : 0;
 
-		for (uint32_t b = 0; b < nb; b++)
-			q(in + b * ne0, c->qact + b * c->qact_stride, ne0);
+		assert(off + ENG_PACK8_BYTES(ne0) <= c->qact_stride);
+		for (uint32_t b = 0; b < nb; b++) {
+			uint8_t *row = c->qact + b * c->qact_stride;
+
+			q(in + b * ne0, row, ne0);
+			if (pack)
+				pack(row, row + off, ne0);
+		}
 		j.act = c->qact;
+		j.act8 = c->qact + off;
 		j.act_stride = c->qact_stride;
 	}
 	eng_pool_run(c->pool, mm_worker, &j);
@@ -692,7 +718,8 @@ static void matmul1(struct eng_ctx *c, const struct wt *w, float *out, const flo
 }
 
 /* Weights sharing an input may still differ in type (Q4_K_M mixes Q4_K and
- * Q6_K): group only those whose activations are converted the same way. */
+ * Q6_K): group only those whose activations are converted (and packed) the
+ * same way. */
 static void matmul_shared(struct eng_ctx *c, unsigned n, const struct wt *const *w,
 			  float *const *out, const float *in, uint32_t nb)
 {
@@ -700,7 +727,8 @@ static void matmul_shared(struct eng_ctx *c, unsigned n, const struct wt *const 
 
 	for (unsigned i = 1; i < n; i++)
 		same &= eng_type_info(w[i]->type)->vec_dot_type ==
-			eng_type_info(w[0]->type)->vec_dot_type;
+				eng_type_info(w[0]->type)->vec_dot_type &&
+			c->k->pack8[w[i]->type] == c->k->pack8[w[0]->type];
 	if (same) {
 		matmul(c, n, w, out, in, nb);
 		return;

@@ -135,10 +135,21 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  * lanes), not merged, so each keeps the float order vec_dot (and the
  * reference engine) uses.  A chain alone is latency-bound; eight at once are
  * not, and a weight block unpacked once serves nt tokens of a prompt.
+ * vec_dot16 is the same for 16 rows (w .. w + 15 * stride).
+ *
+ * pack8 (optional, by weight type) is for a set whose vec_dot8 and vec_dot16
+ * read the activations in a layout of their own rather than vec_dot_type's:
+ * it converts one vec_dot_type row of n elements into at most
+ * ENG_PACK8_BYTES(n) bytes of it.  The caller does this once per row and
+ * matmul and passes the packed rows to vec_dot8/16 (vec_dot still takes the
+ * vec_dot_type rows), so work that depends only on the activations is not
+ * redone for every 8 or 16 weight rows.
  */
 #define ENG_DOT8_NT 8
+#define ENG_PACK8_BYTES(n) ((n) / 32 * 40)
 typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
 				const void *w, size_t stride, const void *a, size_t a_stride);
+typedef void (*eng_pack8_fn)(const void *src, void *dst, size_t n);
 
 struct eng_kernels {
 	const char *isa; /* "scalar", "avx2", ... */
@@ -146,6 +157,8 @@ struct eng_kernels {
 	eng_from_float_fn from_float[ENG_TYPE_COUNT]; /* for activation types */
 	eng_vec_dot_fn vec_dot[ENG_TYPE_COUNT];        /* indexed by weight type */
 	eng_vec_dot8_fn vec_dot8[ENG_TYPE_COUNT];      /* optional: NULL = row by row */
+	eng_vec_dot8_fn vec_dot16[ENG_TYPE_COUNT];     /* optional: NULL = by 8 rows */
+	eng_pack8_fn pack8[ENG_TYPE_COUNT];            /* optional, see above; by weight type */
 };
 
 /* The scalar reference set: the ground truth for every other set. */

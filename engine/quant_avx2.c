@@ -253,11 +253,74 @@ static void vec_dot_q4_0_q8_0(size_t n, float *out, const void *w, const void *a
 	*out = acc;
 }
 
+/*
+ * Eight Q4_0 rows against nt activation rows, each row's result
+ * bit-identical to vec_dot_q4_0_q8_0: per block, each row's exact integer
+ * sum goes into lane r of one vector, and one vector FMA does in lane r what
+ * the scalar chain does for row r, fmaf(sum, d_x * d_y, acc) in block order.
+ * Eight chains in flight instead of one, and the nibbles unpacked once for
+ * all nt tokens.
+ *
+ * Layout: rows r and r + 4 share a vector, row r in the low 128 bits.  Their
+ * 16 raw bytes side by side give, masked, elements 0-15 of both rows (4
+ * dwords each), and shifted, elements 16-31; the activations are broadcast
+ * to both halves (16 bytes each way), so no byte is moved across lanes.  Each
+ * row then has four int32 partial sums, and an unpack-and-add tree
+ * (integers: exact in any order) leaves row r's block sum in lane r.  (Not
+ * hadd: Zen 4 issues one every two cycles.)
+ *
+ * The block loop prefetches the rows two calls ahead (see quant_x86_i.h).
+ */
+struct q4_0_x8 {
+	__m256i lo[4], hi[4]; /* rows p | p + 4: elements 0-15, 16-31 */
+	__m256 d;             /* the rows' scales, lane r = row r */
+};
+
+static inline __attribute__((always_inline)) void
+q4_0_load8(struct q4_0_x8 *x, const uint8_t *rows, size_t stride, size_t ib)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	const uint8_t *pf = rows + Q4_0_PREFETCH_ROWS * stride +
+			    ((ib * 8 * sizeof(struct eng_block_q4_0)) & ~(size_t)63);
+	uint64_t d0 = 0, d1 = 0;
+
+	for (int p = 0; p < 4; p++) {
+		const struct eng_block_q4_0 *xa =
+			(const struct eng_block_q4_0 *)(rows + (size_t)p * stride) + ib;
+		const struct eng_block_q4_0 *xb =
+			(const struct eng_block_q4_0 *)(rows + (size_t)(p + 4) * stride) + ib;
+		const __m256i raw = _mm256_loadu2_m128i((const void *)xb->qs,
+							(const void *)xa->qs);
+
+		x->lo[p] = _mm256_and_si256(raw, m4);
+		x->hi[p] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+		/* the scales gathered in general registers: no vector
+		 * shuffle, no store-forwarding stall */
+		d0 |= (uint64_t)xa->d << (16 * p);
+		d1 |= (uint64_t)xb->d << (16 * p);
+	}
+	x->d = _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0));
+	_mm_prefetch((const char *)pf, _MM_HINT_T1);
+	_mm_prefetch((const char *)pf + 64, _MM_HINT_T1);
+	_mm_prefetch((const char *)pf + 128, _MM_HINT_T1);
+}
+
+/* Four vectors of [row p: 4 lanes | row p + 4: 4 lanes] to lane r = row r. */
+static inline __m256i q4_0_lanes(const __m256i s[4])
+{
+	const __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(s[0], s[1]),
+					     _mm256_unpackhi_epi32(s[0], s[1]));
+	const __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(s[2], s[3]),
+					     _mm256_unpackhi_epi32(s[2], s[3]));
+
+	return _mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23));
+}
+
 /* Up to four tokens at a time: sixteen vector registers. */
 #define Q4_0_NT_AVX2 4
 
 /*
- * Eight rows (layout in quant_x86_i.h) with AVX2: the unsigned nibbles times
+ * Eight rows (layout above) with AVX2: the unsigned nibbles times
  * y with maddubs (pairs below 2^12, no saturation), 8 * y taken off in 16
  * bits, so each 16-bit lane holds a sum of four (q - 8) * y (|x| <= 4096,
  * any y, -128 included); madd widens pairs of them.

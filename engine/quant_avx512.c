@@ -1,15 +1,16 @@
 /*
  * quant_avx512.c - the avx512 kernel set: the AVX2 set with the kernels that
- * AVX-512 VNNI (vpdpbusd, vpdpwssd on 256-bit vectors) makes faster.
+ * AVX-512 VNNI (vpdpbusd, vpdpwssd) makes faster.
  *
  * Built with the AVX2 flags like quant_avx2.c; the kernels here carry their
  * own target attribute, and the table set-up is built for the baseline, so
  * nothing in this file runs on a CPU without AVX-512 VNNI.  256-bit vectors
- * throughout: Zen 4 splits 512-bit operations in two, and a 512-bit Q4_0
- * kernel (tried, four rows per vector) was slower than this one.
+ * where the work fits them: Zen 4 splits 512-bit operations in two.  The
+ * Q4_0 kernel is the exception, for the reason given there.
  *
  * Numerics: every kernel gives the bits of the AVX2 kernel it replaces
- * (tests/test_quant.c checks each against it): the integer sums are exact
+ * (tests/test_quant.c checks each against it, and the Q4_0 ones against
+ * vec_dot, as all vec_dot8s): the integer sums are exact
  * whatever the instructions, and the float operations are the same ones in
  * the same order.
  *
@@ -27,70 +28,158 @@
 /* ---- Q4_0 ------------------------------------------------------------- */
 
 /*
- * Eight Q4_0 rows, laid out as in quant_avx2.c's vec_dot8 (see
- * quant_x86_i.h): vpdpbusd, started from -8 * (y sums) instead of zero,
- * gives each row's four-element sums of (q - 8) * y directly, where AVX2
- * needs maddubs, a subtraction and madd.  Exact int32 either way, so the
- * lanes, and the rows' float chains, are the same.
+ * Q4_0 rows against nt tokens, lane r of each vector = weight row r.  Per
+ * block, the rows' 16 quant bytes are transposed as dwords once (V_k lane r
+ * = dword k of row r), so V_k & 15 holds elements 4k..4k+3 of every row and
+ * (V_k >> 4) & 15 elements 16+4k..16+4k+3.  A token then takes 8 vpdpbusd,
+ * each with one dword of its activations broadcast from memory, and leaves
+ * row r's exact block sum in lane r with no reduction; one FMA per block and
+ * token with d_x * d_y does in lane r what vec_dot_q4_0_q8_0 does for row r,
+ * so the bits are the same.
  *
- * Tried for prompts and slower here: 512-bit vectors (four rows each);
- * transposing the nibbles once per block so that each token needs eight
- * vpdpbusd with a broadcast y dword and no reduction (the broadcasts, and
- * the y sums it needs instead, cost more than the reduction saves).
+ * vpdpbusd takes the nibbles unsigned (0..15), so each sum starts from
+ * -8 * sum(y), which pack8 computes once per activation row, with the scale
+ * as float: a token's block is one 40-byte record (struct q8_0s) with
+ * aligned dwords, one stream per token.
+ *
+ * The tokens are interleaved, nt vpdpbusd chains side by side: one token
+ * after the other (a chain of 8 dependent vpdpbusd, 4 cycles each, per
+ * block) ran 10-15% slower.  gcc does not fold _mm256_set1_epi32 of a load
+ * into vpdpbusd's embedded broadcast; a separate vpbroadcastd for every
+ * dword cost another 10% (measured), so the instruction is written out.
+ *
+ * 16 rows in 512-bit vectors: Zen 4 splits them in two, but each broadcast
+ * load and instruction serves 16 rows, and the loop was bound by loads and
+ * instructions, not by vpdpbusd (8 rows in 256-bit vectors: 108 GMAC/s on
+ * one core, 16 rows: 140, an 8B-shaped matrix and 64 tokens).  With 8 rows
+ * (vec_dot8, for the rows a 16-row tile leaves) the upper half is zero.
+ * Before this layout: rows r and r + 4 in one vector as in quant_avx2.c,
+ * four partial sums per row and an unpack-and-add tree per token: 77.
  */
-VNNI static inline __attribute__((always_inline)) void
-dot8_q4_0_vnni(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
-	       size_t stride, const uint8_t *act, size_t a_stride)
+struct q8_0s {
+	int32_t base;      /* -8 * sum(qs) */
+	float d;           /* the fp16 scale, as float (exact) */
+	int32_t qs[8];     /* the block's 32 int8, as dwords */
+};
+_Static_assert(sizeof(struct q8_0s) * 4 == ENG_PACK8_BYTES(4 * ENG_QK8_0), "q8_0s");
+
+VNNI static inline __attribute__((always_inline)) __m512i
+dpbusd_bcast(__m512i acc, __m512i u, const int32_t *p)
 {
-	const __m256i eight = _mm256_set1_epi8(8);
-	__m256 acc[ENG_DOT8_NT];
-
-	for (unsigned t = 0; t < nt; t++)
-		acc[t] = _mm256_setzero_ps();
-	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
-		struct q4_0_x8 x;
-
-		q4_0_load8(&x, rows, stride, ib);
-		for (unsigned t = 0; t < nt; t++) {
-			const struct eng_block_q8_0 *y =
-				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
-			const __m256i ylo = _mm256_broadcastsi128_si256(
-				_mm_loadu_si128((const void *)y->qs));
-			const __m256i yhi = _mm256_broadcastsi128_si256(
-				_mm_loadu_si128((const void *)(y->qs + 16)));
-			const __m256i zero = _mm256_setzero_si256();
-			const __m256i base = _mm256_sub_epi32(
-				zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, eight, ylo),
-							  eight, yhi));
-			__m256i s[4];
-
-			for (int p = 0; p < 4; p++)
-				s[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(base, x.lo[p], ylo),
-							   x.hi[p], yhi);
-			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_lanes(s)),
-						 _mm256_mul_ps(x.d, fp16x8(y->d)),
-						 acc[t]);
-		}
-	}
-	for (unsigned t = 0; t < nt; t++)
-		_mm256_storeu_ps(out + t * out_stride, acc[t]);
+	__asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*p));
+	return acc;
 }
 
-/* All ENG_DOT8_NT tokens at once (AVX-512 has 32 vector registers), each
- * count its own copy of the loop so the accumulators stay in registers. */
-VNNI static void vec_dot8_q4_0_q8_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
-					  const void *w, size_t stride, const void *a,
-					  size_t a_stride)
+VNNI static inline __attribute__((always_inline)) void
+dot_q4_0_vnni(size_t n, const unsigned nrows, const unsigned nt, float *out, size_t out_stride,
+	      const uint8_t *rows, size_t stride, const uint8_t *act, size_t a_stride)
 {
-	switch (nt) {
-	case 1: dot8_q4_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride); break;
-	case 2: dot8_q4_0_vnni(n, 2, out, out_stride, w, stride, a, a_stride); break;
-	case 3: dot8_q4_0_vnni(n, 3, out, out_stride, w, stride, a, a_stride); break;
-	case 4: dot8_q4_0_vnni(n, 4, out, out_stride, w, stride, a, a_stride); break;
-	case 5: dot8_q4_0_vnni(n, 5, out, out_stride, w, stride, a, a_stride); break;
-	case 6: dot8_q4_0_vnni(n, 6, out, out_stride, w, stride, a, a_stride); break;
-	case 7: dot8_q4_0_vnni(n, 7, out, out_stride, w, stride, a, a_stride); break;
-	default: dot8_q4_0_vnni(n, 8, out, out_stride, w, stride, a, a_stride); break;
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	__m512 acc[ENG_DOT8_NT];
+
+	for (unsigned t = 0; t < nt; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (size_t ib = 0; ib < n / ENG_QK4_0; ib++) {
+		const uint8_t *pf = rows + 2 * nrows * stride +
+				    ((ib * nrows * sizeof(struct eng_block_q4_0)) & ~(size_t)63);
+		uint64_t d[4] = { 0, 0, 0, 0 };
+		__m512i raw[4], lo[4], hi[4], s[ENG_DOT8_NT];
+
+		/* raw[p], 128-bit lane j: row p + 4j; the scales gathered in
+		 * general registers (no vector shuffle) */
+		for (int p = 0; p < 4; p++) {
+			for (unsigned j = 0; j < nrows / 4; j++) {
+				const struct eng_block_q4_0 *x = (const struct eng_block_q4_0 *)(
+					rows + (p + 4 * j) * stride) + ib;
+				const __m128i q = _mm_loadu_si128((const void *)x->qs);
+
+				raw[p] = j ? _mm512_inserti32x4(raw[p], q, (int)j)
+					   : _mm512_zextsi128_si512(q);
+				d[j] |= (uint64_t)x->d << (16 * p);
+			}
+		}
+		for (unsigned l = 0; l < (nrows * sizeof(struct eng_block_q4_0) + 127) / 64; l++)
+			_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+
+		/* 4x4 dword transposes in each 128-bit lane: lane 4j + i of
+		 * v[k] = dword k of row 4j + i */
+		const __m512i t0 = _mm512_unpacklo_epi32(raw[0], raw[1]);
+		const __m512i t1 = _mm512_unpackhi_epi32(raw[0], raw[1]);
+		const __m512i t2 = _mm512_unpacklo_epi32(raw[2], raw[3]);
+		const __m512i t3 = _mm512_unpackhi_epi32(raw[2], raw[3]);
+		const __m512i v[4] = {
+			_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+			_mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3),
+		};
+		const __m512 dx = _mm512_cvtph_ps(_mm256_set_epi64x(
+			(long long)d[3], (long long)d[2], (long long)d[1], (long long)d[0]));
+
+		for (int k = 0; k < 4; k++) {
+			lo[k] = _mm512_and_si512(v[k], m4);
+			hi[k] = _mm512_and_si512(_mm512_srli_epi32(v[k], 4), m4);
+		}
+		for (unsigned t = 0; t < nt; t++)
+			s[t] = _mm512_set1_epi32(
+				((const struct q8_0s *)(act + t * a_stride) + ib)->base);
+		for (int k = 0; k < 8; k++)
+			for (unsigned t = 0; t < nt; t++)
+				s[t] = dpbusd_bcast(s[t], k < 4 ? lo[k] : hi[k - 4],
+						    &((const struct q8_0s *)(act + t * a_stride) + ib)->qs[k]);
+		for (unsigned t = 0; t < nt; t++) {
+			const struct q8_0s *y = (const struct q8_0s *)(act + t * a_stride) + ib;
+
+			acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]),
+						 _mm512_mul_ps(dx, _mm512_set1_ps(y->d)), acc[t]);
+		}
+	}
+	for (unsigned t = 0; t < nt; t++) {
+		if (nrows == 16)
+			_mm512_storeu_ps(out + t * out_stride, acc[t]);
+		else
+			_mm256_storeu_ps(out + t * out_stride, _mm512_castps512_ps256(acc[t]));
+	}
+}
+
+/* Each token count its own copy of the loop, so the accumulators stay in
+ * registers (32 of them: 8 weight vectors, 8 sums, 8 accumulators). */
+#define Q4_0_VNNI(name, nrows) \
+	VNNI static void name(size_t n, unsigned nt, float *out, size_t out_stride, \
+				 const void *w, size_t stride, const void *a, size_t a_stride) \
+	{ \
+		switch (nt) { \
+		case 1: dot_q4_0_vnni(n, nrows, 1, out, out_stride, w, stride, a, a_stride); break; \
+		case 2: dot_q4_0_vnni(n, nrows, 2, out, out_stride, w, stride, a, a_stride); break; \
+		case 3: dot_q4_0_vnni(n, nrows, 3, out, out_stride, w, stride, a, a_stride); break; \
+		case 4: dot_q4_0_vnni(n, nrows, 4, out, out_stride, w, stride, a, a_stride); break; \
+		case 5: dot_q4_0_vnni(n, nrows, 5, out, out_stride, w, stride, a, a_stride); break; \
+		case 6: dot_q4_0_vnni(n, nrows, 6, out, out_stride, w, stride, a, a_stride); break; \
+		case 7: dot_q4_0_vnni(n, nrows, 7, out, out_stride, w, stride, a, a_stride); break; \
+		default: dot_q4_0_vnni(n, nrows, 8, out, out_stride, w, stride, a, a_stride); break; \
+		} \
+	}
+
+Q4_0_VNNI(vec_dot8_q4_0_vnni, 8)
+Q4_0_VNNI(vec_dot16_q4_0_vnni, 16)
+
+/* Q8_0 activations to struct q8_0s records. */
+static void pack8_q4_0(const void *src, void *dst, size_t n)
+{
+	const struct eng_block_q8_0 *y = src;
+	struct q8_0s *p = dst;
+	const __m256i bias = _mm256_set1_epi8((char)0x80);
+
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		const __m256i q = _mm256_loadu_si256((const void *)y[ib].qs);
+		/* the sum of the bytes biased to unsigned, less the bias */
+		const __m256i s4 = _mm256_sad_epu8(_mm256_xor_si256(q, bias), _mm256_setzero_si256());
+		const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4),
+						 _mm256_extracti128_si256(s4, 1));
+		const int32_t sum = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) -
+				    128 * ENG_QK8_0;
+
+		p[ib].base = -8 * sum;
+		p[ib].d = fp16(y[ib].d);
+		_mm256_storeu_si256((void *)p[ib].qs, q);
 	}
 }
 
@@ -314,7 +403,9 @@ BASELINE static void avx512_init(void)
 		return;
 	avx512 = *base;
 	avx512.isa = "avx512";
-	avx512.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_q8_0_vnni;
+	avx512.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_vnni;
+	avx512.vec_dot16[ENG_TYPE_Q4_0] = vec_dot16_q4_0_vnni;
+	avx512.pack8[ENG_TYPE_Q4_0] = pack8_q4_0;
 	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0_vnni;
 	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;

@@ -899,60 +899,72 @@ static void test_tables(const struct eng_kernels *k)
 }
 
 /*
- * vec_dot8 must give, for each of its 8 rows, exactly what vec_dot gives for
- * that row (the logits tests depend on the per-row float order).  Rows are
- * strided as in a weight matrix, with random data and random scales.
+ * vec_dot8 (vec_dot16) must give, for each of its 8 (16) rows, exactly what
+ * vec_dot gives for that row (the logits tests depend on the per-row float
+ * order).  Rows are strided as in a weight matrix, with random data and
+ * random scales; the activations go through pack8 where the set has one.
  */
-static void test_vec_dot8(const struct eng_kernels *k)
+static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrows,
+			  eng_vec_dot8_fn fn, const char *name)
 {
 	static const size_t lens[] = { 32, 64, 4096, 14336 };
+	uint32_t vt = eng_type_info(t)->vec_dot_type;
 
-	for (uint32_t t = 0; t < ENG_TYPE_COUNT; t++) {
-		uint32_t vt;
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+		size_t n = lens[li], rb = eng_row_bytes(t, n), ab = eng_row_bytes(vt, n);
+		/* packed rows have the stride of the unpacked ones, as in model.c */
+		size_t pb = k->pack8[t] && ENG_PACK8_BYTES(n) > ab ? ENG_PACK8_BYTES(n) : ab;
+		uint8_t *w = xmalloc(rb * nrows), *a = xmalloc(pb * ENG_DOT8_NT);
+		uint8_t *p = xmalloc(pb * ENG_DOT8_NT);
+		float *x = xmalloc(n * sizeof(float));
+		float got[ENG_DOT8_NT][17], want;
+		bool same = true;
 
-		if (!k->vec_dot8[t])
-			continue;
-		vt = eng_type_info(t)->vec_dot_type;
-		for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
-			size_t n = lens[li], rb = eng_row_bytes(t, n);
-			size_t ab = eng_row_bytes(vt, n);
-			uint8_t *w = xmalloc(rb * 8), *a = xmalloc(ab * ENG_DOT8_NT);
-			float *x = xmalloc(n * sizeof(float));
-			float got[ENG_DOT8_NT][9], want;
-			bool same = true;
+		for (unsigned r = 0; r < nrows; r++) {
+			void *row = rnd_row(t, n, false);
 
-			for (int r = 0; r < 8; r++) {
-				void *row = rnd_row(t, n, false);
-
-				memcpy(w + r * rb, row, rb);
-				free(row);
-			}
-			/* quantized activations, and raw blocks with any byte
-			 * (-128 too, which a quantizer never makes) */
-			for (unsigned tk = 0; tk < ENG_DOT8_NT; tk++) {
-				void *raw = rnd_row(vt, n, false);
-
-				fill_activations(x, n);
-				if (tk % 2)
-					memcpy(a + tk * ab, raw, ab);
-				else
-					k->from_float[vt](x, a + tk * ab, n);
-				free(raw);
-			}
-			for (unsigned nt = 1; nt <= ENG_DOT8_NT; nt++) {
-				k->vec_dot8[t](n, nt, &got[0][0], 9, w, rb, a, ab);
-				for (unsigned tk = 0; tk < nt; tk++)
-					for (int r = 0; r < 8; r++) {
-						k->vec_dot[t](n, &want, w + r * rb, a + tk * ab);
-						same &= bits_of(got[tk][r]) == bits_of(want);
-					}
-			}
-			check(same, "%s vec_dot8 is bit-identical to vec_dot per row and token, "
-			      "n=%zu, 1 to %d tokens (%s)", type_name(t), n, ENG_DOT8_NT, k->isa);
-			free(w);
-			free(x);
-			free(a);
+			memcpy(w + r * rb, row, rb);
+			free(row);
 		}
+		/* quantized activations, and raw blocks with any byte (-128
+		 * too, which a quantizer never makes) */
+		for (unsigned tk = 0; tk < ENG_DOT8_NT; tk++) {
+			void *raw = rnd_row(vt, n, false);
+
+			fill_activations(x, n);
+			if (tk % 2)
+				memcpy(a + tk * pb, raw, ab);
+			else
+				k->from_float[vt](x, a + tk * pb, n);
+			free(raw);
+			if (k->pack8[t])
+				k->pack8[t](a + tk * pb, p + tk * pb, n);
+		}
+		for (unsigned nt = 1; nt <= ENG_DOT8_NT; nt++) {
+			fn(n, nt, &got[0][0], 17, w, rb, k->pack8[t] ? p : a, pb);
+			for (unsigned tk = 0; tk < nt; tk++)
+				for (unsigned r = 0; r < nrows; r++) {
+					k->vec_dot[t](n, &want, w + r * rb, a + tk * pb);
+					same &= bits_of(got[tk][r]) == bits_of(want);
+				}
+		}
+		check(same, "%s %s is bit-identical to vec_dot per row and token, "
+		      "n=%zu, 1 to %d tokens (%s%s)", type_name(t), name, n, ENG_DOT8_NT, k->isa,
+		      k->pack8[t] ? ", packed" : "");
+		free(w);
+		free(x);
+		free(a);
+		free(p);
+	}
+}
+
+static void test_vec_dot8(const struct eng_kernels *k)
+{
+	for (uint32_t t = 0; t < ENG_TYPE_COUNT; t++) {
+		if (k->vec_dot8[t])
+			test_multirow(k, t, 8, k->vec_dot8[t], "vec_dot8");
+		if (k->vec_dot16[t])
+			test_multirow(k, t, 16, k->vec_dot16[t], "vec_dot16");
 	}
 }
 
