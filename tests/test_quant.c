@@ -907,11 +907,14 @@ static void test_tables(const struct eng_kernels *k)
 static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrows,
 			  eng_vec_dot8_fn fn, const char *name)
 {
-	static const size_t lens[] = { 32, 64, 4096, 14336 };
+	static const size_t lens[] = { 32, 64, 256, 4096, 14336 };
 	uint32_t vt = eng_type_info(t)->vec_dot_type;
 
 	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
 		size_t n = lens[li], rb = eng_row_bytes(t, n), ab = eng_row_bytes(vt, n);
+
+		if (!rb) /* not a whole number of blocks (K-quants) */
+			continue;
 		/* packed rows have the stride of the unpacked ones, as in model.c */
 		size_t pb = k->pack8[t] && ENG_PACK8_BYTES(n) > ab ? ENG_PACK8_BYTES(n) : ab;
 		uint8_t *w = xmalloc(rb * nrows), *a = xmalloc(pb * ENG_DOT8_NT);
