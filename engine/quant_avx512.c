@@ -51,7 +51,7 @@
  * 16 rows in 512-bit vectors: Zen 4 splits them in two, but each broadcast
  * load and instruction serves 16 rows, and the loop was bound by loads and
  * instructions, not by vpdpbusd (8 rows in 256-bit vectors: 108 GMAC/s on
- * one core, 16 rows: 140, an 8B-shaped matrix and 64 tokens).  With 8 rows
+ * one core, 16 rows: 136, an 8B-shaped matrix and 64 tokens).  With 8 rows
  * (vec_dot8, for the rows a 16-row tile leaves) the upper half is zero.
  * Before this layout: rows r and r + 4 in one vector as in quant_avx2.c,
  * four partial sums per row and an unpack-and-add tree per token: 77.
