@@ -586,11 +586,15 @@ void eng_ctx_reset(struct eng_ctx *c)
  * shared, the memory bandwidth too) does not leave the other waiting.  A
  * chunk is about 1024 token-rows: big for a decode step (cold starts cost:
  * each chunk begins without the kernels' prefetch running ahead), down to 64
- * rows for a prompt.  The counter lives in the job, on the caller's stack:
- * nothing is allocated per matmul.
+ * rows for a prompt, and at most about 2 MiB of weights: an 8B-shaped
+ * ffn_down (14336 columns, 8-12 KB a row) was otherwise four chunks for two
+ * threads, and a thread slowed for a moment left the other idle for up to a
+ * quarter of the matrix.  The counter lives in the job, on the caller's
+ * stack: nothing is allocated per matmul.
  */
 #define MATMUL_CHUNK 64 /* rows: the smallest chunk, a multiple of MATMUL_TILE and 8 */
 #define MATMUL_CHUNK_WORK 1024 /* token-rows per chunk */
+#define MATMUL_CHUNK_BYTES (2u << 20) /* weight bytes per chunk, at most */
 
 struct mm_job {
 	unsigned n;
@@ -677,8 +681,14 @@ static void matmul(struct eng_ctx *c, unsigned n, const struct wt *const *w, flo
 	struct mm_job j = { .n = n, .nb = nb, .k = c->k };
 	uint64_t ne0 = w[0]->ne0;
 	uint32_t vt = eng_type_info(w[0]->type)->vec_dot_type;
+	size_t row_bytes = 0;
 
-	j.chunk = MATMUL_CHUNK_WORK / (nb ? nb : 1) / MATMUL_CHUNK * MATMUL_CHUNK;
+	for (unsigned i = 0; i < n; i++)
+		row_bytes = w[i]->row_bytes > row_bytes ? w[i]->row_bytes : row_bytes;
+	j.chunk = MATMUL_CHUNK_WORK / (nb ? nb : 1);
+	if (j.chunk > MATMUL_CHUNK_BYTES / row_bytes)
+		j.chunk = MATMUL_CHUNK_BYTES / row_bytes;
+	j.chunk = j.chunk / MATMUL_CHUNK * MATMUL_CHUNK;
 	if (j.chunk < MATMUL_CHUNK)
 		j.chunk = MATMUL_CHUNK;
 	for (unsigned i = 0; i < n; i++) {
