@@ -126,66 +126,112 @@ static int run_parts(struct mem_part *parts, unsigned n)
 	return rc;
 }
 
-int hwbench_mem_read(unsigned n_threads, uint64_t bytes, unsigned passes,
-		     struct hwbench_result *out)
-{
-	struct mem_part *parts;
+struct hwbench_mem {
 	uint8_t *buf;
-	size_t size, per;
-	double best = 0;
-	uint64_t sum = 0;
+	size_t size;
+	unsigned n;
+	struct mem_part *parts;
+};
+
+int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **out)
+{
+	struct hwbench_mem *m;
+	size_t per;
 	int rc;
 
-	memset(out, 0, sizeof(*out));
-	if (n_threads < 1 || n_threads > 1024 || passes < 1 || bytes > SIZE_MAX)
+	*out = NULL;
+	if (n_threads < 1 || n_threads > 1024 || bytes > SIZE_MAX)
 		return -EINVAL;
 	per = (size_t)bytes / n_threads / PAGE * PAGE;
 	if (per == 0)
 		return -EINVAL;
-	size = per * n_threads;
-	parts = calloc(n_threads, sizeof(*parts));
-	if (!parts)
+	m = calloc(1, sizeof(*m));
+	if (!m)
 		return -ENOMEM;
+	m->n = n_threads;
+	m->size = per * n_threads;
+	m->parts = calloc(n_threads, sizeof(*m->parts));
+	if (!m->parts) {
+		free(m);
+		return -ENOMEM;
+	}
 	/* MAP_POPULATE allocates the pages in one call, several times faster
 	 * here than faulting them in one by one.  Small pages, as the engine's
 	 * file mappings have: huge pages read no faster on this machine and are
 	 * much slower to allocate. */
-	buf = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-		   -1, 0);
-	if (buf == MAP_FAILED) {
+	m->buf = mmap(NULL, m->size, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (m->buf == MAP_FAILED) {
 		rc = -errno;
-		goto err_parts;
+		free(m->parts);
+		free(m);
+		return rc;
 	}
 	for (unsigned i = 0; i < n_threads; i++) {
-		parts[i].p = buf + (size_t)i * per;
-		parts[i].n = per;
-		parts[i].touch = true;
+		m->parts[i].p = m->buf + (size_t)i * per;
+		m->parts[i].n = per;
+		m->parts[i].touch = true;
 	}
-	rc = run_parts(parts, n_threads);
-	if (rc)
-		goto err_map;
+	rc = run_parts(m->parts, n_threads);
 	for (unsigned i = 0; i < n_threads; i++)
-		parts[i].touch = false;
-	for (unsigned pass = 0; pass < passes; pass++) {
-		double t0 = now_s(), t;
+		m->parts[i].touch = false;
+	if (rc) {
+		hwbench_mem_close(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}
 
-		rc = run_parts(parts, n_threads);
-		if (rc)
-			goto err_map;
-		t = now_s() - t0;
-		if (pass == 0 || t < best)
-			best = t;
-	}
-	for (unsigned i = 0; i < n_threads; i++)
-		sum += parts[i].sum;
+int hwbench_mem_pass(struct hwbench_mem *m, struct hwbench_result *out)
+{
+	double t0 = now_s(), t;
+	uint64_t sum = 0;
+	int rc = run_parts(m->parts, m->n);
+
+	t = now_s() - t0;
+	if (rc)
+		return rc;
+	for (unsigned i = 0; i < m->n; i++)
+		sum += m->parts[i].sum;
 	sink += sum;
-	out->bytes = size;
-	out->seconds = best;
-	out->gbps = best > 0 ? size / best / 1e9 : 0;
-err_map:
-	munmap(buf, size);
-err_parts:
-	free(parts);
+	out->bytes = m->size;
+	out->seconds = t;
+	out->gbps = t > 0 ? m->size / t / 1e9 : 0;
+	return 0;
+}
+
+void hwbench_mem_close(struct hwbench_mem *m)
+{
+	if (!m)
+		return;
+	munmap(m->buf, m->size);
+	free(m->parts);
+	free(m);
+}
+
+int hwbench_mem_read(unsigned n_threads, uint64_t bytes, unsigned passes,
+		     struct hwbench_result *out)
+{
+	struct hwbench_mem *m;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (passes < 1)
+		return -EINVAL;
+	rc = hwbench_mem_open(n_threads, bytes, &m);
+	if (rc)
+		return rc;
+	for (unsigned pass = 0; pass < passes && rc == 0; pass++) {
+		struct hwbench_result r;
+
+		rc = hwbench_mem_pass(m, &r);
+		if (rc == 0 && (pass == 0 || r.seconds < out->seconds))
+			*out = r;
+	}
+	hwbench_mem_close(m);
+	if (rc)
+		memset(out, 0, sizeof(*out));
 	return rc;
 }
 

@@ -9,8 +9,9 @@
  * Both are measured the way the engine and stratad use the hardware: memory
  * with the engine's thread count and AVX2 loads, storage with io_uring,
  * O_DIRECT and 1 MiB reads, 16 in flight (stratad's reader, pager/io.c).
- * Used by `strata bench` and by strata-iobench.  No state: each call sets up
- * and tears down everything it uses.
+ * Used by `strata bench` and by strata-iobench.  No global state: a memory
+ * buffer lives from hwbench_mem_open to hwbench_mem_close, and everything
+ * else is set up and torn down by the call that uses it.
  */
 #ifndef STRATA_HWBENCH_H
 #define STRATA_HWBENCH_H
@@ -31,6 +32,17 @@ struct hwbench_result {
  */
 int hwbench_mem_read(unsigned n_threads, uint64_t bytes, unsigned passes,
 		     struct hwbench_result *out);
+
+/*
+ * The same one pass at a time, for a caller that interleaves passes with
+ * its own work (strata bench pairs each decoded token with the pass just
+ * before it): open allocates and touches the buffer, each pass reads it
+ * once and times it.  0 or -errno.
+ */
+struct hwbench_mem;
+int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **out);
+int hwbench_mem_pass(struct hwbench_mem *m, struct hwbench_result *out);
+void hwbench_mem_close(struct hwbench_mem *m);
 
 struct hwbench_io_config {
 	uint64_t chunk;     /* bytes per read, a multiple of 4096; 0: 1 MiB */

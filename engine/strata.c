@@ -713,6 +713,65 @@ static void measure_hw(const char *path, unsigned threads, struct hw *h)
 		h->file_bytes = (uint64_t)st.st_size;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The median of v[0..n), n > 0; sorts v. */
+static double median(double *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/*
+ * The paired fraction: n more tokens decoded, each right after one pass
+ * over the memory buffer, and the median over tokens of (weight bytes per
+ * token / that token's time) / (the pass's bandwidth).  The machine is
+ * shared: a neighbour's load comes and goes within a run, and the fastest
+ * of measure_hw's passes is the machine at its quietest, while the decode
+ * line is the average over whatever came.  A token against the bandwidth
+ * read just before it compares the two under the same load.  *gbps gets the
+ * median pass.  0, -errno from the memory buffer, or 1 when decoding failed.
+ */
+static int bench_pairs(struct session *s, int32_t next, long n, unsigned threads,
+		       uint64_t tok_bytes, double *frac, double *gbps)
+{
+	struct hwbench_mem *m = NULL;
+	double *ratio = calloc((size_t)n, sizeof(double)), *bw = calloc((size_t)n, sizeof(double));
+	float *logits = malloc((size_t)s->hp->n_vocab * sizeof(float));
+	int rc = !ratio || !bw || !logits ? -ENOMEM : hwbench_mem_open(threads, HW_MEM_BYTES, &m);
+
+	for (long i = 0; rc == 0 && i < n; i++) {
+		struct hwbench_result r;
+		double t0;
+
+		rc = hwbench_mem_pass(m, &r);
+		if (rc)
+			break;
+		t0 = now_s();
+		if (eng_decode(s->ctx, &next, 1, logits, false)) {
+			rc = 1;
+			break;
+		}
+		ratio[i] = tok_bytes / (now_s() - t0) / (r.gbps * 1e9);
+		bw[i] = r.gbps;
+		next = eng_argmax(logits, s->hp->n_vocab);
+	}
+	if (rc == 0) {
+		*frac = median(ratio, (size_t)n);
+		*gbps = median(bw, (size_t)n);
+	}
+	hwbench_mem_close(m);
+	free(ratio);
+	free(bw);
+	free(logits);
+	return rc;
+}
+
 /* A JSON string: quotes, backslashes and control characters escaped. */
 static void json_str(const char *str)
 {
@@ -747,7 +806,8 @@ static int cmd_bench(int argc, char **argv)
 	double t0, t1, t2, pp_tps = 0, tg_tps = 0;
 	uint64_t rss, tok_bytes;
 	bool mem_ok, io_ok;
-	double bound = 0, stream = 0, frac = 0;
+	double bound = 0, stream = 0, frac = 0, pair_frac = 0, pair_gbps = 0;
+	long n_pairs = 0;
 	int rc = parse_opts(argc, argv, "bench", &o);
 
 	if (rc)
@@ -803,6 +863,23 @@ static int cmd_bench(int argc, char **argv)
 	}
 	if (io_ok)
 		stream = h.io.gbps * 1e9 / (double)tok_bytes;
+	/* as many pairs as decoded tokens, as far as the context has room */
+	if (mem_ok && o.n_predict) {
+		long room = (long)(eng_ctx_n_ctx(s.ctx) - eng_ctx_n_past(s.ctx));
+
+		n_pairs = o.n_predict < room ? o.n_predict : room;
+	}
+	if (n_pairs) {
+		int prc = bench_pairs(&s, next, n_pairs, h.threads, tok_bytes, &pair_frac,
+				      &pair_gbps);
+
+		if (prc == 1)
+			goto fail;
+		if (prc) {
+			msg("bench: paired measurement: %s", strerror(-prc));
+			n_pairs = 0;
+		}
+	}
 	if (o.json) {
 		printf("{\"model\": ");
 		json_str(s.hp->name);
@@ -823,6 +900,9 @@ static int cmd_bench(int argc, char **argv)
 			printf("null");
 		json_num("decode_bound_tps", mem_ok, bound);
 		json_num("decode_fraction", mem_ok, frac);
+		printf(", \"paired_tokens\": %ld", n_pairs);
+		json_num("paired_mem_read_gbps", n_pairs > 0, pair_gbps);
+		json_num("paired_fraction", n_pairs > 0, pair_frac);
 		json_num("stream_bound_tps", io_ok, stream);
 		printf("}\n");
 	} else {
@@ -859,6 +939,10 @@ static int cmd_bench(int argc, char **argv)
 			       bound, tok_bytes / 1048576.0);
 			printf("fraction     %.3f of the decode bound\n", frac);
 		}
+		if (n_pairs)
+			printf("paired       %.3f of the bound  (median of %ld tokens, each against "
+			       "a memory read just before it: median %.2f GB/s)\n",
+			       pair_frac, n_pairs, pair_gbps);
 		if (io_ok)
 			printf("stream bound %.2f tok/s  (storage read / weights per token: every "
 			       "weight streamed)\n",

@@ -75,8 +75,22 @@ bound = d["mem_read_gbps"] * 1e9 / d["token_weight_bytes"]
 assert abs(d["decode_bound_tps"] - bound) <= 0.01 * bound, d
 assert abs(d["decode_fraction"] - d["decode_tps"] / d["decode_bound_tps"]) < 0.01, d
 assert d["decode_fraction"] > 0, d
+# one pair per decoded token, each a memory pass and a token
+assert d["paired_tokens"] == 4 and d["paired_fraction"] > 0, d
+assert 0.5 < d["paired_mem_read_gbps"] < 10000, d
 PY
 check "bench --json: bandwidths, decode bound and fraction" $?
+# pairs as far as the context has room; none without the machine measured
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 -c 14 --json >"$T/b14.json" &&
+	"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --no-hw --json >"$T/bnohw.json" &&
+	python3 - "$T/b14.json" "$T/bnohw.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["paired_tokens"] == 2 and d["paired_fraction"] > 0, d
+d = json.load(open(sys.argv[2]))
+assert d["paired_tokens"] == 0 and d["paired_fraction"] is None, d
+PY
+check "bench: pairs limited by the context, none with --no-hw" $?
 
 num='[0-9]+(\.[0-9]+)?'
 "$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 >"$T/b.txt" 2>"$T/err"
@@ -91,6 +105,8 @@ grep -Eq "^decode bound $num tok/s" "$T/b.txt" &&
 check "bench: decode bound line" $?
 awk '/^fraction / { f = $2 } END { exit !(f > 0) }' "$T/b.txt"
 check "bench: fraction line" $?
+grep -Eq "^paired       $num of the bound  \(median of 4 tokens" "$T/b.txt"
+check "bench: paired line" $?
 [ $fail = 0 ] || cat "$T/b.txt" "$T/err"
 
 # The same file on tmpfs has no storage under it: n/a with the reason.
