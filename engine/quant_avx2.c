@@ -641,8 +641,6 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 {
 	const struct eng_block_q6_k *x = w;
 	const struct eng_block_q8_k *y = a;
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	const __m256i m2 = _mm256_set1_epi8(0x03);
 	const __m256i m32 = _mm256_set1_epi8(32);
 	__m256 acc = _mm256_setzero_ps();
 
@@ -654,23 +652,9 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
 			const int8_t *sc = x[i].scales + 8 * h;
 			const int8_t *q8 = y[i].qs + 128 * h;
-			const __m256i b1 = _mm256_loadu_si256((const void *)ql);
-			const __m256i b2 = _mm256_loadu_si256((const void *)(ql + 32));
-			const __m256i bh = _mm256_loadu_si256((const void *)qhp);
 			__m256i q[4];
 
-			/* (bh >> s) & 3 never takes bits from the next byte */
-			q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
-					       _mm256_slli_epi16(_mm256_and_si256(bh, m2), 4));
-			q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4),
-					       _mm256_slli_epi16(_mm256_and_si256(
-						       _mm256_srli_epi16(bh, 2), m2), 4));
-			q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
-					       _mm256_slli_epi16(_mm256_and_si256(
-						       _mm256_srli_epi16(bh, 4), m2), 4));
-			q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
-					       _mm256_slli_epi16(_mm256_and_si256(
-						       _mm256_srli_epi16(bh, 6), m2), 4));
+			q6_k_unpack(ql, qhp, q);
 			for (int k = 0; k < 4; k++) {
 				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
 				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk),

@@ -1,8 +1,8 @@
 /*
  * quant_x86_i.h - what the x86 kernel sets (quant_avx2.c, quant_avx512.c)
  * share: the baseline target for code that runs before the cpuid check,
- * scale conversions and reductions, and the prefetch distance of the
- * multi-row kernels.  Everything is static inline and is compiled with the
+ * scale conversions and reductions, the Q6_K unpacking, and the prefetch
+ * distance of the multi-row kernels.  Everything is static inline and is compiled with the
  * flags (or target attributes) of the kernel using it.
  */
 #ifndef STRATA_QUANT_X86_I_H
@@ -40,6 +40,29 @@ static inline float hsum_f32x8(__m256 v)
 	r = _mm_add_ps(r, _mm_movehl_ps(r, r));
 	r = _mm_add_ss(r, _mm_movehdup_ps(r));
 	return _mm_cvtss_f32(r);
+}
+
+/*
+ * The 6-bit quants (0..63) of 128 Q6_K elements: the low 4 bits from 64
+ * bytes of ql, the high 2 from 32 bytes of qh, q[k] = elements 32k..32k+31.
+ * (bh >> s) & 3 never takes bits from the next byte.
+ */
+static inline void q6_k_unpack(const uint8_t *ql, const uint8_t *qh, __m256i q[4])
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	const __m256i m2 = _mm256_set1_epi8(0x03);
+	const __m256i b1 = _mm256_loadu_si256((const void *)ql);
+	const __m256i b2 = _mm256_loadu_si256((const void *)(ql + 32));
+	const __m256i bh = _mm256_loadu_si256((const void *)qh);
+
+	q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
+			       _mm256_slli_epi16(_mm256_and_si256(bh, m2), 4));
+	q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 2), m2), 4));
+	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 4), m2), 4));
+	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 6), m2), 4));
 }
 
 /*
