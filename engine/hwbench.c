@@ -152,8 +152,8 @@ int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **ou
 	m->size = per * n_threads;
 	m->parts = calloc(n_threads, sizeof(*m->parts));
 	if (!m->parts) {
-		free(m);
-		return -ENOMEM;
+		rc = -ENOMEM;
+		goto fail;
 	}
 	/* MAP_POPULATE allocates the pages in one call, several times faster
 	 * here than faulting them in one by one.  Small pages, as the engine's
@@ -163,9 +163,8 @@ int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **ou
 		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (m->buf == MAP_FAILED) {
 		rc = -errno;
-		free(m->parts);
-		free(m);
-		return rc;
+		m->buf = NULL;
+		goto fail;
 	}
 	for (unsigned i = 0; i < n_threads; i++) {
 		m->parts[i].p = m->buf + (size_t)i * per;
@@ -175,12 +174,13 @@ int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **ou
 	rc = run_parts(m->parts, n_threads);
 	for (unsigned i = 0; i < n_threads; i++)
 		m->parts[i].touch = false;
-	if (rc) {
-		hwbench_mem_close(m);
-		return rc;
-	}
+	if (rc)
+		goto fail;
 	*out = m;
 	return 0;
+fail:
+	hwbench_mem_close(m);
+	return rc;
 }
 
 int hwbench_mem_pass(struct hwbench_mem *m, struct hwbench_result *out)
@@ -205,7 +205,8 @@ void hwbench_mem_close(struct hwbench_mem *m)
 {
 	if (!m)
 		return;
-	munmap(m->buf, m->size);
+	if (m->buf)
+		munmap(m->buf, m->size);
 	free(m->parts);
 	free(m);
 }
