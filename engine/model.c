@@ -611,12 +611,12 @@ struct mm_job {
 };
 
 /* The 8 or 16 rows of weight w at r (fn is vec_dot8 or vec_dot16) by all
- * tokens, up to ENG_DOT8_NT at a time. */
-static void mm_group(const struct mm_job *j, eng_vec_dot8_fn fn, const struct wt *w, float *out,
-		     uint64_t r)
+ * tokens, up to max_nt (ENG_DOT8_NT or ENG_DOT16_NT) at a time. */
+static void mm_group(const struct mm_job *j, eng_vec_dot8_fn fn, unsigned max_nt,
+		     const struct wt *w, float *out, uint64_t r)
 {
-	for (uint32_t b = 0; b < j->nb; b += ENG_DOT8_NT) {
-		unsigned nt = j->nb - b < ENG_DOT8_NT ? j->nb - b : ENG_DOT8_NT;
+	for (uint32_t b = 0; b < j->nb; b += max_nt) {
+		unsigned nt = j->nb - b < max_nt ? j->nb - b : max_nt;
 
 		fn(w->ne0, nt, &out[b * w->ne1 + r], w->ne1, w->data + r * w->row_bytes,
 		   w->row_bytes, j->act8 + b * j->act_stride, j->act_stride);
@@ -637,11 +637,11 @@ static void mm_rows(const struct mm_job *j, const struct wt *w, float *out, uint
 
 		/* sixteen or eight rows at a time, */
 		if (dot16 && t1 - t0 == 16) {
-			mm_group(j, dot16, w, out, r);
+			mm_group(j, dot16, ENG_DOT16_NT, w, out, r);
 			r = t1;
 		}
 		for (; dot8 && r + 8 <= t1; r += 8)
-			mm_group(j, dot8, w, out, r);
+			mm_group(j, dot8, ENG_DOT8_NT, w, out, r);
 		/* then the rows left one by one */
 		for (uint32_t b = 0; b < j->nb; b++)
 			for (uint64_t i = r; i < t1; i++)

@@ -135,7 +135,9 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  * lanes), not merged, so each keeps the float order vec_dot (and the
  * reference engine) uses.  A chain alone is latency-bound; eight at once are
  * not, and a weight block unpacked once serves nt tokens of a prompt.
- * vec_dot16 is the same for 16 rows (w .. w + 15 * stride).
+ * vec_dot16 is the same for 16 rows (w .. w + 15 * stride) and 1 to
+ * ENG_DOT16_NT tokens (a prompt batch: the kernel can then unpack a block
+ * once for more tokens than its registers hold).
  *
  * pack8 (optional, by weight type) is for a set whose vec_dot8 and vec_dot16
  * read the activations in a layout of their own rather than vec_dot_type's:
@@ -146,6 +148,7 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  * redone for every 8 or 16 weight rows.
  */
 #define ENG_DOT8_NT 8
+#define ENG_DOT16_NT 64
 #define ENG_PACK8_BYTES(n) ((n) / 32 * 40)
 typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
 				const void *w, size_t stride, const void *a, size_t a_stride);

@@ -70,68 +70,78 @@ dpbusd_bcast(__m512i acc, __m512i u, const int32_t *p)
 	return acc;
 }
 
+/* One block of the 16 (or 8) rows at rows, transposed: lo[k] and hi[k] lane r
+ * = the nibbles of dword k of row r, dx lane r = row r's scale. */
 VNNI static inline __attribute__((always_inline)) void
-dot_q4_0_vnni(size_t n, const unsigned nrows, const unsigned nt, float *out, size_t out_stride,
-	      const uint8_t *rows, size_t stride, const uint8_t *act, size_t a_stride)
+q4_0_rows(const unsigned nrows, const uint8_t *rows, size_t stride, size_t ib, __m512i lo[4],
+	  __m512i hi[4], __m512 *dx)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
-	__m512 acc[ENG_DOT8_NT];
+	const uint8_t *pf = rows + 2 * nrows * stride +
+			    ((ib * nrows * sizeof(struct eng_block_q4_0)) & ~(size_t)63);
+	uint64_t d[4] = { 0, 0, 0, 0 };
+	__m512i raw[4];
 
-	for (unsigned t = 0; t < nt; t++)
-		acc[t] = _mm512_setzero_ps();
-	for (size_t ib = 0; ib < n / ENG_QK4_0; ib++) {
-		const uint8_t *pf = rows + 2 * nrows * stride +
-				    ((ib * nrows * sizeof(struct eng_block_q4_0)) & ~(size_t)63);
-		uint64_t d[4] = { 0, 0, 0, 0 };
-		__m512i raw[4], lo[4], hi[4], s[ENG_DOT8_NT];
+	/* raw[p], 128-bit lane j: row p + 4j; the scales gathered in general
+	 * registers (no vector shuffle) */
+	for (int p = 0; p < 4; p++) {
+		for (unsigned j = 0; j < nrows / 4; j++) {
+			const struct eng_block_q4_0 *x =
+				(const struct eng_block_q4_0 *)(rows + (p + 4 * j) * stride) + ib;
+			const __m128i q = _mm_loadu_si128((const void *)x->qs);
 
-		/* raw[p], 128-bit lane j: row p + 4j; the scales gathered in
-		 * general registers (no vector shuffle) */
-		for (int p = 0; p < 4; p++) {
-			for (unsigned j = 0; j < nrows / 4; j++) {
-				const struct eng_block_q4_0 *x = (const struct eng_block_q4_0 *)(
-					rows + (p + 4 * j) * stride) + ib;
-				const __m128i q = _mm_loadu_si128((const void *)x->qs);
-
-				raw[p] = j ? _mm512_inserti32x4(raw[p], q, (int)j)
-					   : _mm512_zextsi128_si512(q);
-				d[j] |= (uint64_t)x->d << (16 * p);
-			}
-		}
-		for (unsigned l = 0; l < (nrows * sizeof(struct eng_block_q4_0) + 127) / 64; l++)
-			_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
-
-		/* 4x4 dword transposes in each 128-bit lane: lane 4j + i of
-		 * v[k] = dword k of row 4j + i */
-		const __m512i t0 = _mm512_unpacklo_epi32(raw[0], raw[1]);
-		const __m512i t1 = _mm512_unpackhi_epi32(raw[0], raw[1]);
-		const __m512i t2 = _mm512_unpacklo_epi32(raw[2], raw[3]);
-		const __m512i t3 = _mm512_unpackhi_epi32(raw[2], raw[3]);
-		const __m512i v[4] = {
-			_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
-			_mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3),
-		};
-		const __m512 dx = _mm512_cvtph_ps(_mm256_set_epi64x(
-			(long long)d[3], (long long)d[2], (long long)d[1], (long long)d[0]));
-
-		for (int k = 0; k < 4; k++) {
-			lo[k] = _mm512_and_si512(v[k], m4);
-			hi[k] = _mm512_and_si512(_mm512_srli_epi32(v[k], 4), m4);
-		}
-		for (unsigned t = 0; t < nt; t++)
-			s[t] = _mm512_set1_epi32(
-				((const struct q8_0s *)(act + t * a_stride) + ib)->base);
-		for (int k = 0; k < 8; k++)
-			for (unsigned t = 0; t < nt; t++)
-				s[t] = dpbusd_bcast(s[t], k < 4 ? lo[k] : hi[k - 4],
-						    &((const struct q8_0s *)(act + t * a_stride) + ib)->qs[k]);
-		for (unsigned t = 0; t < nt; t++) {
-			const struct q8_0s *y = (const struct q8_0s *)(act + t * a_stride) + ib;
-
-			acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]),
-						 _mm512_mul_ps(dx, _mm512_set1_ps(y->d)), acc[t]);
+			raw[p] = j ? _mm512_inserti32x4(raw[p], q, (int)j) : _mm512_zextsi128_si512(q);
+			d[j] |= (uint64_t)x->d << (16 * p);
 		}
 	}
+	for (unsigned l = 0; l < (nrows * sizeof(struct eng_block_q4_0) + 127) / 64; l++)
+		_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+
+	/* 4x4 dword transposes in each 128-bit lane: lane 4j + i of v[k] =
+	 * dword k of row 4j + i */
+	const __m512i t0 = _mm512_unpacklo_epi32(raw[0], raw[1]);
+	const __m512i t1 = _mm512_unpackhi_epi32(raw[0], raw[1]);
+	const __m512i t2 = _mm512_unpacklo_epi32(raw[2], raw[3]);
+	const __m512i t3 = _mm512_unpackhi_epi32(raw[2], raw[3]);
+	const __m512i v[4] = {
+		_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+		_mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3),
+	};
+
+	*dx = _mm512_cvtph_ps(_mm256_set_epi64x((long long)d[3], (long long)d[2], (long long)d[1],
+						(long long)d[0]));
+	for (int k = 0; k < 4; k++) {
+		lo[k] = _mm512_and_si512(v[k], m4);
+		hi[k] = _mm512_and_si512(_mm512_srli_epi32(v[k], 4), m4);
+	}
+}
+
+/* Block ib of nt tokens against the transposed rows: acc[t] lane r += the
+ * block's dot of row r and token t. */
+VNNI static inline __attribute__((always_inline)) void
+q4_0_tokens(const unsigned nt, const __m512i lo[4], const __m512i hi[4], __m512 dx,
+	    const uint8_t *act, size_t a_stride, size_t ib, __m512 *acc)
+{
+	__m512i s[ENG_DOT8_NT];
+
+	for (unsigned t = 0; t < nt; t++)
+		s[t] = _mm512_set1_epi32(((const struct q8_0s *)(act + t * a_stride) + ib)->base);
+	for (int k = 0; k < 8; k++)
+		for (unsigned t = 0; t < nt; t++)
+			s[t] = dpbusd_bcast(s[t], k < 4 ? lo[k] : hi[k - 4],
+					    &((const struct q8_0s *)(act + t * a_stride) + ib)->qs[k]);
+	for (unsigned t = 0; t < nt; t++) {
+		const struct q8_0s *y = (const struct q8_0s *)(act + t * a_stride) + ib;
+
+		acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dx, _mm512_set1_ps(y->d)),
+					 acc[t]);
+	}
+}
+
+VNNI static inline __attribute__((always_inline)) void
+q4_0_store(const unsigned nrows, const unsigned nt, const __m512 *acc, float *out,
+	   size_t out_stride)
+{
 	for (unsigned t = 0; t < nt; t++) {
 		if (nrows == 16)
 			_mm512_storeu_ps(out + t * out_stride, acc[t]);
@@ -140,26 +150,129 @@ dot_q4_0_vnni(size_t n, const unsigned nrows, const unsigned nt, float *out, siz
 	}
 }
 
+/* Up to ENG_DOT8_NT tokens: each block transposed and used at once. */
+VNNI static inline __attribute__((always_inline)) void
+dot_q4_0_vnni(size_t n, const unsigned nrows, const unsigned nt, float *out, size_t out_stride,
+	      const uint8_t *rows, size_t stride, const uint8_t *act, size_t a_stride)
+{
+	__m512 acc[ENG_DOT8_NT];
+
+	for (unsigned t = 0; t < nt; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (size_t ib = 0; ib < n / ENG_QK4_0; ib++) {
+		__m512i lo[4], hi[4];
+		__m512 dx;
+
+		q4_0_rows(nrows, rows, stride, ib, lo, hi, &dx);
+		q4_0_tokens(nt, lo, hi, dx, act, a_stride, ib, acc);
+	}
+	q4_0_store(nrows, nt, acc, out, out_stride);
+}
+
+/*
+ * More tokens than fit the registers (a prompt): the rows go by spans of
+ * Q4_0_SPAN blocks; the first ENG_DOT8_NT tokens transpose each block of a
+ * span and keep it (struct q4_0t, 18 KB for a span: in L1), and the other
+ * tokens, ENG_DOT8_NT at a time, take the kept blocks.  The transpose was
+ * about half the instructions of a block for 8 tokens; now it is done once
+ * for all of them.  Each token's accumulators wait in acc between spans, so
+ * every lane still adds its blocks in order: the same bits as dot_q4_0_vnni.
+ */
+#define Q4_0_SPAN 32 /* blocks */
+
+struct q4_0t {
+	__m512i lo[4], hi[4];
+	__m512 dx;
+};
+
+VNNI static inline __attribute__((always_inline)) void
+span_q4_0(const unsigned nt, const bool fill, size_t ib0, size_t ib1, struct q4_0t *kept,
+	  __m512 *accm, const uint8_t *rows, size_t stride, const uint8_t *act, size_t a_stride)
+{
+	__m512 acc[ENG_DOT8_NT];
+
+	for (unsigned t = 0; t < nt; t++)
+		acc[t] = accm[t];
+	for (size_t ib = ib0; ib < ib1; ib++) {
+		struct q4_0t *b = &kept[ib - ib0];
+
+		if (fill)
+			q4_0_rows(16, rows, stride, ib, b->lo, b->hi, &b->dx);
+		q4_0_tokens(nt, b->lo, b->hi, b->dx, act, a_stride, ib, acc);
+	}
+	for (unsigned t = 0; t < nt; t++)
+		accm[t] = acc[t];
+}
+
+VNNI static void dot16_q4_0_many(size_t n, unsigned nt, float *out, size_t out_stride,
+				 const uint8_t *rows, size_t stride, const uint8_t *act,
+				 size_t a_stride)
+{
+	struct q4_0t kept[Q4_0_SPAN];
+	__m512 acc[ENG_DOT16_NT];
+	const size_t nb = n / ENG_QK4_0;
+
+	for (unsigned t = 0; t < nt; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (size_t ib0 = 0; ib0 < nb; ib0 += Q4_0_SPAN) {
+		size_t ib1 = ib0 + Q4_0_SPAN < nb ? ib0 + Q4_0_SPAN : nb;
+
+		for (unsigned t0 = 0; t0 < nt; t0 += ENG_DOT8_NT) {
+			const uint8_t *a = act + t0 * a_stride;
+			unsigned g = nt - t0 < ENG_DOT8_NT ? nt - t0 : ENG_DOT8_NT;
+
+#define SPAN(g, fill) span_q4_0(g, fill, ib0, ib1, kept, acc + t0, rows, stride, a, a_stride)
+			if (t0 == 0) {
+				SPAN(ENG_DOT8_NT, true); /* nt > ENG_DOT8_NT here */
+				continue;
+			}
+			switch (g) {
+			case 1: SPAN(1, false); break;
+			case 2: SPAN(2, false); break;
+			case 3: SPAN(3, false); break;
+			case 4: SPAN(4, false); break;
+			case 5: SPAN(5, false); break;
+			case 6: SPAN(6, false); break;
+			case 7: SPAN(7, false); break;
+			default: SPAN(8, false); break;
+			}
+#undef SPAN
+		}
+	}
+	for (unsigned t = 0; t < nt; t++)
+		_mm512_storeu_ps(out + t * out_stride, acc[t]);
+}
+
 /* Each token count its own copy of the loop, so the accumulators stay in
  * registers (32 of them: 8 weight vectors, 8 sums, 8 accumulators). */
-#define Q4_0_VNNI(name, nrows) \
-	VNNI static void name(size_t n, unsigned nt, float *out, size_t out_stride, \
-				 const void *w, size_t stride, const void *a, size_t a_stride) \
-	{ \
-		switch (nt) { \
-		case 1: dot_q4_0_vnni(n, nrows, 1, out, out_stride, w, stride, a, a_stride); break; \
-		case 2: dot_q4_0_vnni(n, nrows, 2, out, out_stride, w, stride, a, a_stride); break; \
-		case 3: dot_q4_0_vnni(n, nrows, 3, out, out_stride, w, stride, a, a_stride); break; \
-		case 4: dot_q4_0_vnni(n, nrows, 4, out, out_stride, w, stride, a, a_stride); break; \
-		case 5: dot_q4_0_vnni(n, nrows, 5, out, out_stride, w, stride, a, a_stride); break; \
-		case 6: dot_q4_0_vnni(n, nrows, 6, out, out_stride, w, stride, a, a_stride); break; \
-		case 7: dot_q4_0_vnni(n, nrows, 7, out, out_stride, w, stride, a, a_stride); break; \
-		default: dot_q4_0_vnni(n, nrows, 8, out, out_stride, w, stride, a, a_stride); break; \
-		} \
+#define Q4_0_VNNI(nrows, nt) \
+	dot_q4_0_vnni(n, nrows, nt, out, out_stride, w, stride, a, a_stride)
+#define Q4_0_VNNI_NT(nrows) \
+	switch (nt) { \
+	case 1: Q4_0_VNNI(nrows, 1); break; \
+	case 2: Q4_0_VNNI(nrows, 2); break; \
+	case 3: Q4_0_VNNI(nrows, 3); break; \
+	case 4: Q4_0_VNNI(nrows, 4); break; \
+	case 5: Q4_0_VNNI(nrows, 5); break; \
+	case 6: Q4_0_VNNI(nrows, 6); break; \
+	case 7: Q4_0_VNNI(nrows, 7); break; \
+	default: Q4_0_VNNI(nrows, 8); break; \
 	}
 
-Q4_0_VNNI(vec_dot8_q4_0_vnni, 8)
-Q4_0_VNNI(vec_dot16_q4_0_vnni, 16)
+VNNI static void vec_dot8_q4_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
+				    const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	Q4_0_VNNI_NT(8)
+}
+
+VNNI static void vec_dot16_q4_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
+				     const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	if (nt > ENG_DOT8_NT)
+		dot16_q4_0_many(n, nt, out, out_stride, w, stride, a, a_stride);
+	else
+		Q4_0_VNNI_NT(16)
+}
 
 /* Q8_0 activations to struct q8_0s records. */
 static void pack8_q4_0(const void *src, void *dst, size_t n)

@@ -905,9 +905,9 @@ static void test_tables(const struct eng_kernels *k)
  * random scales; the activations go through pack8 where the set has one.
  */
 static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrows,
-			  eng_vec_dot8_fn fn, const char *name)
+			  unsigned max_nt, eng_vec_dot8_fn fn, const char *name)
 {
-	static const size_t lens[] = { 32, 64, 256, 4096, 14336 };
+	static const size_t lens[] = { 32, 64, 256, 4096, 4160, 14336 };
 	uint32_t vt = eng_type_info(t)->vec_dot_type;
 
 	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
@@ -917,10 +917,10 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
 			continue;
 		/* packed rows have the stride of the unpacked ones, as in model.c */
 		size_t pb = k->pack8[t] && ENG_PACK8_BYTES(n) > ab ? ENG_PACK8_BYTES(n) : ab;
-		uint8_t *w = xmalloc(rb * nrows), *a = xmalloc(pb * ENG_DOT8_NT);
-		uint8_t *p = xmalloc(pb * ENG_DOT8_NT);
+		uint8_t *w = xmalloc(rb * nrows), *a = xmalloc(pb * max_nt);
+		uint8_t *p = xmalloc(pb * max_nt);
 		float *x = xmalloc(n * sizeof(float));
-		float got[ENG_DOT8_NT][17], want;
+		float (*got)[17] = xmalloc(max_nt * sizeof(*got)), want;
 		bool same = true;
 
 		for (unsigned r = 0; r < nrows; r++) {
@@ -931,7 +931,7 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
 		}
 		/* quantized activations, and raw blocks with any byte (-128
 		 * too, which a quantizer never makes) */
-		for (unsigned tk = 0; tk < ENG_DOT8_NT; tk++) {
+		for (unsigned tk = 0; tk < max_nt; tk++) {
 			void *raw = rnd_row(vt, n, false);
 
 			fill_activations(x, n);
@@ -943,7 +943,7 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
 			if (k->pack8[t])
 				k->pack8[t](a + tk * pb, p + tk * pb, n);
 		}
-		for (unsigned nt = 1; nt <= ENG_DOT8_NT; nt++) {
+		for (unsigned nt = 1; nt <= max_nt; nt++) {
 			fn(n, nt, &got[0][0], 17, w, rb, k->pack8[t] ? p : a, pb);
 			for (unsigned tk = 0; tk < nt; tk++)
 				for (unsigned r = 0; r < nrows; r++) {
@@ -952,12 +952,13 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
 				}
 		}
 		check(same, "%s %s is bit-identical to vec_dot per row and token, "
-		      "n=%zu, 1 to %d tokens (%s%s)", type_name(t), name, n, ENG_DOT8_NT, k->isa,
+		      "n=%zu, 1 to %u tokens (%s%s)", type_name(t), name, n, max_nt, k->isa,
 		      k->pack8[t] ? ", packed" : "");
 		free(w);
 		free(x);
 		free(a);
 		free(p);
+		free(got);
 	}
 }
 
@@ -965,9 +966,9 @@ static void test_vec_dot8(const struct eng_kernels *k)
 {
 	for (uint32_t t = 0; t < ENG_TYPE_COUNT; t++) {
 		if (k->vec_dot8[t])
-			test_multirow(k, t, 8, k->vec_dot8[t], "vec_dot8");
+			test_multirow(k, t, 8, ENG_DOT8_NT, k->vec_dot8[t], "vec_dot8");
 		if (k->vec_dot16[t])
-			test_multirow(k, t, 16, k->vec_dot16[t], "vec_dot16");
+			test_multirow(k, t, 16, ENG_DOT16_NT, k->vec_dot16[t], "vec_dot16");
 	}
 }
 
