@@ -534,9 +534,15 @@ VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x, const stru
 	__m256 acc = _mm256_setzero_ps();
 	__m128 acc_m = _mm_setzero_ps();
 
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
+
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		const __m128i q8s = _mm_hadd_epi16(_mm_loadu_si128((const void *)y[i].bsums),
 						   _mm_loadu_si128((const void *)(y[i].bsums + 8)));
+
+		/* the lines of block i, 144 bytes: two or three */
+		for (int l = 0; l < 3; l++)
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
 
 		q4_k_block(&x[i], y[i].qs, _mm_broadcast_ss(&y[i].d), q8s, &acc, &acc_m);
 	}
@@ -578,8 +584,16 @@ VNNI static void vec_dot_q6_k_q8_k_vnni(size_t n, float *out, const void *w, con
 	for (int k = 0; k < 4; k++)
 		shuf[k] = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
 					   _mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k)));
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
+
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		const float d = y[i].d * fp16(x[i].d);
+
+		/* the lines of block i, 210 bytes: four or five (the fifth is
+		 * the next block's first) */
+		for (int l = 0; l < 4; l++)
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+
 		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
 		__m256i sumi = _mm256_setzero_si256();
 
