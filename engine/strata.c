@@ -50,11 +50,13 @@ static void __attribute__((format(printf, 1, 2))) msg(const char *fmt, ...)
 static const char usage_text[] =
 	"usage: strata COMMAND [options]\n"
 	"\n"
-	"  run      -m MODEL [-p PROMPT | -f FILE] [-n N] [-t THREADS] [-c CTX]\n"
+	"  run      -m MODEL [-p PROMPT | -f FILE] [-n N] [-t THREADS] [-c CTX] [-b BATCH]\n"
 	"           [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
 	"  eval     -m MODEL --tokens ID,ID,... --logits-out FILE [-t THREADS] [-c CTX]\n"
+	"           [-b BATCH]\n"
 	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
-	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [--json] [--no-hw]\n"
+	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [-b BATCH] [--json]\n"
+	"           [--no-hw]\n"
 	"\n"
 	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
 	"model through a running stratad instead of mmap.\n"
@@ -81,6 +83,7 @@ struct opts {
 	long n_prompt;
 	unsigned threads;
 	unsigned ctx;
+	unsigned batch;
 	bool no_bos;
 	bool json;
 	bool no_hw;
@@ -139,6 +142,7 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "n-predict", required_argument, NULL, 'n' },
 		{ "threads", required_argument, NULL, 't' },
 		{ "ctx-size", required_argument, NULL, 'c' },
+		{ "batch", required_argument, NULL, 'b' },
 		{ "temp", required_argument, NULL, OPT_TEMP },
 		{ "top-k", required_argument, NULL, OPT_TOP_K },
 		{ "top-p", required_argument, NULL, OPT_TOP_P },
@@ -155,9 +159,9 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ NULL, 0, NULL, 0 },
 	};
 	bool is_bench = strcmp(cmd, "bench") == 0;
-	char why[256];
+	char why[256], name[64];
 	long v;
-	int c;
+	int c, li;
 
 	memset(o, 0, sizeof(*o));
 	o->n_predict = 128;
@@ -168,7 +172,7 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 					       .min_p = 0.05f, .seed = (uint64_t)time(NULL) };
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":m:p:f:n:t:c:h", lo, NULL)) != -1) {
+	while ((li = -1, c = getopt_long(argc, argv, ":m:p:f:n:t:c:b:h", lo, &li)) != -1) {
 		switch (c) {
 		case 'm':
 			o->model = optarg;
@@ -199,6 +203,11 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			if (!parse_long(optarg, 1, 1 << 20, &v))
 				goto bad;
 			o->ctx = (unsigned)v;
+			break;
+		case 'b':
+			if (!parse_long(optarg, 1, 1 << 16, &v))
+				goto bad;
+			o->batch = (unsigned)v;
 			break;
 		case OPT_TEMP:
 			if (!parse_float(optarg, 0, 100, &o->samp.temp))
@@ -265,8 +274,12 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 	}
 	return 0;
 bad:
-	snprintf(why, sizeof(why), "%s: invalid value '%s' for option '%s'", cmd, optarg,
-		 argv[optind - 1]);
+	/* the option as named (li: which long one, -1 for a short one) */
+	if (li >= 0)
+		snprintf(name, sizeof(name), "--%s", lo[li].name);
+	else
+		snprintf(name, sizeof(name), "-%c", c);
+	snprintf(why, sizeof(why), "%s: invalid value '%s' for option '%s'", cmd, optarg, name);
 	return usage(why);
 }
 
@@ -360,7 +373,7 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	s->tok = eng_model_tokenizer(s->model);
 	if (!want_ctx)
 		return 0;
-	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads };
+	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch };
 	rc = eng_ctx_create(s->model, &cc, &s->ctx, err, sizeof(err));
 	if (rc) {
 		msg("%s: %s", o->model, err);

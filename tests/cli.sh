@@ -26,6 +26,9 @@ grep -q "^strata: prompt .* tok/s.*peak RSS" "$T/err"; check "run: timing on std
 "$S" eval -m "$F/models/stories260K.gguf" --tokens 1,403,407,261 --logits-out "$T/l.bin"
 check "eval: exit 0" $?
 [ "$(stat -c %s "$T/l.bin")" = $((4 * 512 * 4)) ]; check "eval: 4 rows of 512 floats" $?
+# the batch size changes how tokens are grouped, not what comes out
+"$S" eval -m "$F/models/stories260K.gguf" --tokens 1,403,407,261 --logits-out "$T/l3.bin" -b 3 &&
+	cmp -s "$T/l.bin" "$T/l3.bin"; check "eval: -b 3 gives the same logits as one batch" $?
 
 # 3. tokenize matches the reference prompt tokens.
 got=$("$S" tokenize -m "$F/models/stories260K.gguf" --text "Once upon a time there was a little robot who")
@@ -44,6 +47,8 @@ expect "usage: no command" 1 "$S"
 expect "usage: unknown command" 1 "$S" frobnicate
 expect "usage: missing -m" 1 "$S" run -p hi
 expect "usage: bad -n" 1 "$S" run -m "$F/models/stories260K.gguf" -n lots
+expect "usage: bad -b" 1 "$S" run -m "$F/models/stories260K.gguf" -b 0
+grep -q "invalid value '0' for option '-b'" "$T/err"; check "usage: the message names the option" $?
 expect "usage: unknown option" 1 "$S" bench -m "$F/models/stories260K.gguf" --bogus
 expect "bad model: missing file" 2 "$S" run -m "$T/nope.gguf" -p hi
 printf 'GGUF\3\0\0\0' >"$T/trunc.gguf"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Decode speed through the pager against the bound the hardware sets.
 
-  tools/bench-pager.py [--model M.gguf] [--reps 3] [--tokens 8] [--prompt 16]
+  tools/bench-pager.py [--model M.gguf] [--reps 3] [--tokens 8] [--prompt 16] [--batch N]
                        [--threads T] [--fractions 1,0.75,0.5,0.25] [--cgroup [--window N]]
 
 Without --model it makes (once) an 8B-shaped Q4_0 model with strata-mkmodel
@@ -36,7 +36,9 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--model")
 ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=8)
-ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per run (one batch)")
+ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per run")
+ap.add_argument("--batch", type=int, default=0, help="strata -b: prompt tokens per forward pass "
+                "(0: strata's default, 64)")
 ap.add_argument("--threads", type=int, default=0)
 ap.add_argument("--fractions", default="1,0.75,0.5,0.25", help="empty: only the cgroup runs")
 ap.add_argument("--cgroup", action="store_true")
@@ -51,7 +53,7 @@ if not model:
     if not os.path.exists(model):
         subprocess.run([MK, "--shape", "llama-8b", "--type", "q4_0", "-o", model], check=True)
 sock = f"/tmp/strata-bench-{os.getpid()}.sock"
-thr = ["-t", str(a.threads)] if a.threads else []
+eng_opts = (["-t", str(a.threads)] if a.threads else []) + (["-b", str(a.batch)] if a.batch else [])
 
 
 def drop_caches():
@@ -67,7 +69,7 @@ def bench(extra, pre=None, path=None):
     # --no-hw: the machine is measured here once (strata-iobench), not per run
     r = subprocess.run([STRATA, "bench", "-m", path or model, "-p", str(a.prompt), "-n", str(a.tokens),
                         "--json", "--no-hw",
-                        *thr, *extra], capture_output=True, text=True, preexec_fn=pre)
+                        *eng_opts, *extra], capture_output=True, text=True, preexec_fn=pre)
     if r.returncode:
         sys.exit(f"bench failed: {r.stderr}")
     return json.loads(r.stdout)
@@ -147,7 +149,7 @@ print(f"- storage read bandwidth (strata-iobench, O_DIRECT, 1 MiB x 16): {bw / 1
 print(f"- engine without the pager (plain mmap, resident): {tps_plain:.3f} tok/s "
       f"(runs: {', '.join(f'{x:.3f}' for x in plain)}); compute time {compute * 1000:.0f} ms/token\n")
 print(f"- prompt processing without the pager: {statistics.median(plain_prompt):.3f} tok/s "
-      f"({a.prompt} tokens, one batch)\n")
+      f"({a.prompt} tokens, batches of {a.batch or 64})\n")
 print("| resident | streamed/token | decode tok/s (runs) | bound tok/s | ratio | "
       "prompt tok/s | prompt vs plain |")
 print("|---|---|---|---|---|---|---|")
