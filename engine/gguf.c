@@ -275,6 +275,14 @@ static int parse_tensor(struct rd *r, struct gguf_tensor *t, uint64_t idx)
 		     ti->blck);
 		return r->failed;
 	}
+	/* Interleaved rows come in whole groups (a matrix: the rows of the
+	 * higher dimensions would run into each other). */
+	if (ti->row_group > 1 &&
+	    (t->ne[1] % ti->row_group || t->ne[2] != 1 || t->ne[3] != 1)) {
+		fail(r, "tensor '%.*s' is %s but not a matrix of whole %u-row groups",
+		     (int)t->name.len, t->name.ptr, ti->name, ti->row_group);
+		return r->failed;
+	}
 	if (n / ti->blck > UINT64_MAX / ti->bytes) {
 		fail(r, "tensor '%.*s' is too large", (int)t->name.len, t->name.ptr);
 		return r->failed;

@@ -303,6 +303,13 @@ static int load_tensors(struct eng_model *m, char *err, size_t errlen)
 	    (rc = bind(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, true, err,
 		       errlen)))
 		return rc;
+	/* An embedding is read one row at a time, which Q4_0_R16 cannot do. */
+	if (eng_type_info(m->tok_embd.type)->row_group > 1) {
+		snprintf(err, errlen, "tensor 'token_embd.weight' is %s; token embeddings must "
+			 "keep a row layout (strata-repack leaves them as they are)",
+			 eng_type_info(m->tok_embd.type)->name);
+		return -ENOTSUP;
+	}
 	hp->tied_output = m->output.data == NULL;
 	if (hp->tied_output)
 		m->output = m->tok_embd;
@@ -635,7 +642,10 @@ static void mm_rows(const struct mm_job *j, const struct wt *w, float *out, uint
 		uint64_t t1 = t0 + MATMUL_TILE < r1 ? t0 + MATMUL_TILE : r1;
 		uint64_t r = t0;
 
-		/* sixteen or eight rows at a time, */
+		/* sixteen or eight rows at a time (a Q4_0_R16 weight has
+		 * vec_dot16 only: its row count is a multiple of 16, checked by
+		 * gguf.c, and chunks are multiples of 16, so every tile is
+		 * whole), */
 		if (dot16 && t1 - t0 == 16) {
 			mm_group(j, dot16, ENG_DOT16_NT, w, out, r);
 			r = t1;

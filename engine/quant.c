@@ -28,7 +28,7 @@
 
 #define TYPE(t, n, b, s, vd, sup) \
 	[ENG_TYPE_##t] = { .name = n, .blck = b, .bytes = s, \
-			   .vec_dot_type = ENG_TYPE_##vd, .supported = sup }
+			   .vec_dot_type = ENG_TYPE_##vd, .supported = sup, .row_group = 1 }
 
 /*
  * Block sizes of the unsupported types are ggml's: Q4_1 = f16 d, m + 16 B;
@@ -57,6 +57,11 @@ static const struct eng_type_info types[ENG_TYPE_COUNT] = {
 	TYPE(Q6_K, "Q6_K", ENG_QK_K, 210, Q8_K, true),
 	TYPE(Q8_K, "Q8_K", ENG_QK_K, 292, Q8_K, false),
 	TYPE(BF16, "BF16", 1, 2, F32, true),
+	/* Q4_0 bytes per block of 32 elements of a row, 16 rows interleaved:
+	 * sizes and offsets are Q4_0's.  Supported means vec_dot16 here. */
+	[ENG_TYPE_Q4_0_R16] = { .name = "Q4_0_R16", .blck = ENG_QK4_0, .bytes = 18,
+				.vec_dot_type = ENG_TYPE_Q8_0, .supported = true,
+				.row_group = ENG_R16_ROWS },
 };
 
 #undef TYPE
@@ -80,6 +85,36 @@ size_t eng_row_bytes(uint32_t type, uint64_t n)
 	if (nb > SIZE_MAX / ti->bytes)
 		return 0;
 	return (size_t)nb * ti->bytes;
+}
+
+/* ---- Q4_0_R16 --------------------------------------------------------- */
+
+void eng_q4_0_to_r16(const void *src, size_t stride, size_t n, void *dst)
+{
+	struct eng_block_q4_0_r16 *y = dst;
+
+	for (size_t ib = 0; ib < n / ENG_QK4_0; ib++) {
+		for (unsigned r = 0; r < ENG_R16_ROWS; r++) {
+			const struct eng_block_q4_0 *x =
+				(const struct eng_block_q4_0 *)((const uint8_t *)src + r * stride) + ib;
+
+			y[ib].d[r] = x->d;
+			for (int k = 0; k < 4; k++)
+				memcpy(&y[ib].qs[k][4 * r], &x->qs[4 * k], 4);
+		}
+	}
+}
+
+void eng_r16_to_q4_0(const void *src, unsigned r, size_t n, void *dst)
+{
+	const struct eng_block_q4_0_r16 *x = src;
+	struct eng_block_q4_0 *y = dst;
+
+	for (size_t ib = 0; ib < n / ENG_QK4_0; ib++) {
+		y[ib].d = x[ib].d[r];
+		for (int k = 0; k < 4; k++)
+			memcpy(&y[ib].qs[4 * k], &x[ib].qs[k][4 * r], 4);
+	}
 }
 
 /* ---- fp16 / bf16 ------------------------------------------------------ */

@@ -23,6 +23,8 @@
  *   Q5_K 256 elems, 176 B: f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
  *   Q6_K 256 elems, 210 B: u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
  *   Q8_K 256 elems, 292 B: f32 d; i8 qs[256]; i16 bsums[16] (activations only)
+ *   Q4_0_R16 (strata's own, not a ggml type; see below): Q4_0 with 16 rows
+ *                          interleaved, 288 B per block of 16 rows
  *   F16, BF16, F32: one element per block.
  */
 #ifndef STRATA_QUANT_H
@@ -49,7 +51,11 @@ enum eng_type {
 	ENG_TYPE_Q6_K = 14,
 	ENG_TYPE_Q8_K = 15,
 	ENG_TYPE_BF16 = 30,
-	ENG_TYPE_COUNT = 40, /* table size; unknown values stay NULL in it */
+	/* strata's own, written only by strata-repack: far above ggml's numbers
+	 * (0..39 in 2026) so that no ggml type will take it soon, and a ggml
+	 * reader rejects the file rather than misreading it. */
+	ENG_TYPE_Q4_0_R16 = 64,
+	ENG_TYPE_COUNT = 65, /* table size; unknown values stay NULL in it */
 };
 
 #define ENG_QK4_0 32
@@ -65,6 +71,32 @@ struct eng_block_q4_0 {
 	uint8_t qs[ENG_QK4_0 / 2];
 };
 _Static_assert(sizeof(struct eng_block_q4_0) == 18, "q4_0 block");
+
+/*
+ * Q4_0_R16: the blocks of 16 Q4_0 rows interleaved, a layout the AVX-512
+ * kernel reads with plain loads (it transposes ordinary Q4_0 rows into it
+ * in registers, about half of its instructions at one token; see
+ * quant_avx512.c).  Rows 16g .. 16g + 15 of a weight are one run of
+ * ne0 / 32 of these, so the 16 rows take the bytes of 16 Q4_0 rows in the
+ * same place in the file; block ib of the run holds block ib of each row:
+ *   d[r]              the scale of row r
+ *   qs[k][4r .. 4r+3] bytes 4k .. 4k+3 of row r's qs (its dword k)
+ * The values are Q4_0's; only the order differs.  A weight can be Q4_0_R16
+ * only if its row count is a multiple of 16 (gguf.c checks) and it is only
+ * ever multiplied (there is no single-row to_float or vec_dot).
+ */
+#define ENG_R16_ROWS 16
+
+struct eng_block_q4_0_r16 {
+	eng_fp16_t d[ENG_R16_ROWS];
+	uint8_t qs[4][4 * ENG_R16_ROWS];
+};
+_Static_assert(sizeof(struct eng_block_q4_0_r16) == ENG_R16_ROWS * 18, "q4_0_r16 block");
+
+/* The 16 Q4_0 rows of n elements at src, src + stride, ... interleaved into
+ * n / 32 blocks at dst; and back, row r of the run at src into dst. */
+void eng_q4_0_to_r16(const void *src, size_t stride, size_t n, void *dst);
+void eng_r16_to_q4_0(const void *src, unsigned r, size_t n, void *dst);
 
 struct eng_block_q8_0 {
 	eng_fp16_t d;
@@ -112,6 +144,8 @@ struct eng_type_info {
 	uint32_t bytes;           /* bytes per block */
 	enum eng_type vec_dot_type; /* activation format vec_dot consumes */
 	bool supported;           /* has to_float and vec_dot kernels */
+	uint32_t row_group;       /* rows interleaved: ENG_R16_ROWS for Q4_0_R16,
+				   * which has vec_dot16 only; 1 for the rest */
 };
 
 /* NULL for values no GGUF type has. */

@@ -166,30 +166,61 @@ static void q8_0_from_float(const float *src, void *dst, size_t n)
 	}
 }
 
+/* sumf plus the dot of one Q4_0 block and one Q8_0 block. */
+static inline float dot_block_q4_0(const struct eng_block_q4_0 *x, const struct eng_block_q8_0 *y,
+				   float sumf)
+{
+	int sumi0 = 0, sumi1 = 0;
+
+	for (int j = 0; j < ENG_QK8_0 / 2; j++) {
+		const int v0 = (x->qs[j] & 0x0f) - 8;
+		const int v1 = (x->qs[j] >> 4) - 8;
+
+		sumi0 += v0 * y->qs[j];
+		sumi1 += v1 * y->qs[j + ENG_QK8_0 / 2];
+	}
+	const int sumi = sumi0 + sumi1;
+
+	/* The order of ggml's x86 Q4_0 path (its repacked 8x8 gemv, what the
+	 * reference engine runs here): one fused multiply-add per block with
+	 * the two scales multiplied first. */
+	return fmaf((float)sumi, eng_fp16_to_fp32(x->d) * eng_fp16_to_fp32(y->d), sumf);
+}
+
 static void vec_dot_q4_0_q8_0(size_t n, float *out, const void *w, const void *a)
 {
 	const struct eng_block_q4_0 *x = w;
 	const struct eng_block_q8_0 *y = a;
 	float sumf = 0.0f;
 
-	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
-		int sumi0 = 0, sumi1 = 0;
-
-		for (int j = 0; j < ENG_QK8_0 / 2; j++) {
-			const int v0 = (x[ib].qs[j] & 0x0f) - 8;
-			const int v1 = (x[ib].qs[j] >> 4) - 8;
-
-			sumi0 += v0 * y[ib].qs[j];
-			sumi1 += v1 * y[ib].qs[j + ENG_QK8_0 / 2];
-		}
-		const int sumi = sumi0 + sumi1;
-
-		/* The order of ggml's x86 Q4_0 path (its repacked 8x8 gemv, what
-		 * the reference engine runs here): one fused multiply-add per
-		 * block with the two scales multiplied first. */
-		sumf = fmaf((float)sumi, eng_fp16_to_fp32(x[ib].d) * eng_fp16_to_fp32(y[ib].d), sumf);
-	}
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++)
+		sumf = dot_block_q4_0(&x[ib], &y[ib], sumf);
 	*out = sumf;
+}
+
+/* Q4_0_R16: each row's blocks taken out of the interleave, then Q4_0's sum. */
+static void vec_dot16_q4_0_r16(size_t n, unsigned nt, float *out, size_t out_stride,
+			       const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	const struct eng_block_q4_0_r16 *x = w;
+
+	(void)stride; /* the 16 rows are one run */
+	for (unsigned t = 0; t < nt; t++) {
+		const struct eng_block_q8_0 *y =
+			(const struct eng_block_q8_0 *)((const uint8_t *)a + t * a_stride);
+
+		for (unsigned r = 0; r < ENG_R16_ROWS; r++) {
+			float sumf = 0.0f;
+
+			for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+				struct eng_block_q4_0 b;
+
+				eng_r16_to_q4_0(&x[ib], r, ENG_QK4_0, &b);
+				sumf = dot_block_q4_0(&b, &y[ib], sumf);
+			}
+			out[t * out_stride + r] = sumf;
+		}
+	}
 }
 
 static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a)
@@ -552,6 +583,9 @@ static const struct eng_kernels ref = {
 		[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k,
 		[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k,
 		[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k,
+	},
+	.vec_dot16 = {
+		[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16,
 	},
 };
 

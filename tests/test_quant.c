@@ -137,6 +137,35 @@ static void test_layout_q4_0(const struct eng_kernels *k)
 		printf("  element %ld: got %g want %g\n", d, out[d], want[d]);
 }
 
+/* Q4_0_R16 puts row r's scale at d[r] and its dword k at qs[k][4r], as
+ * quant.h says, and eng_r16_to_q4_0 gives each row back. */
+static void test_layout_r16(void)
+{
+	enum { N = 64, NB = N / 32 };
+	struct eng_block_q4_0 rows[16][NB], back[NB];
+	struct eng_block_q4_0_r16 x[NB];
+	bool placed = true, round = true;
+
+	for (unsigned r = 0; r < 16; r++)
+		for (unsigned ib = 0; ib < NB; ib++) {
+			rows[r][ib].d = (eng_fp16_t)(0x3c00 + 16 * ib + r);
+			for (unsigned j = 0; j < 16; j++)
+				rows[r][ib].qs[j] = (uint8_t)(r * 16 + j + ib);
+		}
+	eng_q4_0_to_r16(rows, sizeof(rows[0]), N, x);
+	for (unsigned r = 0; r < 16; r++) {
+		for (unsigned ib = 0; ib < NB; ib++) {
+			placed &= x[ib].d[r] == rows[r][ib].d;
+			for (unsigned j = 0; j < 16; j++)
+				placed &= x[ib].qs[j / 4][4 * r + j % 4] == rows[r][ib].qs[j];
+		}
+		eng_r16_to_q4_0(x, r, N, back);
+		round &= !memcmp(back, rows[r], sizeof(back));
+	}
+	check(placed, "Q4_0_R16 layout: d[r] = row r's scale, qs[k][4r..4r+3] = its dword k");
+	check(round, "Q4_0_R16 layout: each row comes back as it went in");
+}
+
 static void test_layout_q8_0(const struct eng_kernels *k)
 {
 	struct eng_block_q8_0 b[2];
@@ -832,7 +861,7 @@ static void test_type_table(void)
 		{ 10, "Q2_K", 256, 84, 15, false },   { 11, "Q3_K", 256, 110, 15, false },
 		{ 12, "Q4_K", 256, 144, 15, true },   { 13, "Q5_K", 256, 176, 15, true },
 		{ 14, "Q6_K", 256, 210, 15, true },   { 15, "Q8_K", 256, 292, 15, false },
-		{ 30, "BF16", 1, 2, 0, true },
+		{ 30, "BF16", 1, 2, 0, true },        { 64, "Q4_0_R16", 32, 18, 8, true },
 	};
 	bool ok = true;
 	int known = 0;
@@ -851,7 +880,11 @@ static void test_type_table(void)
 
 	for (uint32_t t = 0; t < ENG_TYPE_COUNT; t++)
 		known += eng_type_info(t) != NULL;
-	check(known == 15, "type table: exactly the 15 named types are known (%d)", known);
+	check(known == 16, "type table: exactly the 16 named types are known (%d)", known);
+	check(eng_type_info(ENG_TYPE_Q4_0_R16)->row_group == 16 &&
+	      eng_type_info(ENG_TYPE_Q4_0)->row_group == 1 &&
+	      eng_type_info(ENG_TYPE_Q4_K)->row_group == 1,
+	      "type table: Q4_0_R16 interleaves 16 rows, the ggml types none");
 	check(!eng_type_info(4) && !eng_type_info(5) && !eng_type_info(16) && !eng_type_info(29) &&
 	      !eng_type_info(31) && !eng_type_info(39) && !eng_type_info(40) &&
 	      !eng_type_info(1000) && !eng_type_info(UINT32_MAX),
@@ -883,11 +916,16 @@ static void test_tables(const struct eng_kernels *k)
 	for (uint32_t t = 0; t < ENG_TYPE_COUNT; t++) {
 		const struct eng_type_info *ti = eng_type_info(t);
 		bool sup = ti && ti->supported;
+		bool grouped = ti && ti->row_group > 1;
 
-		/* supported weights: to_float and vec_dot, and their
-		 * activation type must have from_float and to_float */
-		if (sup && (!k->to_float[t] || !k->vec_dot[t] || !k->from_float[ti->vec_dot_type] ||
-			    !k->to_float[ti->vec_dot_type]))
+		/* supported weights: to_float and vec_dot (interleaved rows:
+		 * vec_dot16 and neither), and their activation type must have
+		 * from_float and to_float */
+		if (sup && !grouped && (!k->to_float[t] || !k->vec_dot[t]))
+			ok = false;
+		if (sup && grouped && (!k->vec_dot16[t] || k->vec_dot[t] || k->to_float[t]))
+			ok = false;
+		if (sup && (!k->from_float[ti->vec_dot_type] || !k->to_float[ti->vec_dot_type]))
 			ok = false;
 		if (!sup && k->vec_dot[t])
 			ok = false;
@@ -903,32 +941,38 @@ static void test_tables(const struct eng_kernels *k)
  * vec_dot gives for that row (the logits tests depend on the per-row float
  * order).  Rows are strided as in a weight matrix, with random data and
  * random scales; the activations go through pack8 where the set has one.
+ * Q4_0_R16 is checked against Q4_0's vec_dot on the rows it interleaves.
  */
 static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrows,
 			  unsigned max_nt, eng_vec_dot8_fn fn, const char *name)
 {
 	static const size_t lens[] = { 32, 64, 256, 4096, 4160, 14336 };
 	uint32_t vt = eng_type_info(t)->vec_dot_type;
+	const bool r16 = t == ENG_TYPE_Q4_0_R16;
+	const uint32_t rt = r16 ? ENG_TYPE_Q4_0 : t; /* the type of a row */
 
 	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
-		size_t n = lens[li], rb = eng_row_bytes(t, n), ab = eng_row_bytes(vt, n);
+		size_t n = lens[li], rb = eng_row_bytes(rt, n), ab = eng_row_bytes(vt, n);
 
 		if (!rb) /* not a whole number of blocks (K-quants) */
 			continue;
 		/* packed rows have the stride of the unpacked ones, as in model.c */
 		size_t pb = k->pack8[t] && ENG_PACK8_BYTES(n) > ab ? ENG_PACK8_BYTES(n) : ab;
 		uint8_t *w = xmalloc(rb * nrows), *a = xmalloc(pb * max_nt);
+		uint8_t *wi = r16 ? xmalloc(rb * nrows) : w; /* what fn reads */
 		uint8_t *p = xmalloc(pb * max_nt);
 		float *x = xmalloc(n * sizeof(float));
 		float (*got)[17] = xmalloc(max_nt * sizeof(*got)), want;
 		bool same = true;
 
 		for (unsigned r = 0; r < nrows; r++) {
-			void *row = rnd_row(t, n, false);
+			void *row = rnd_row(rt, n, false);
 
 			memcpy(w + r * rb, row, rb);
 			free(row);
 		}
+		if (r16)
+			eng_q4_0_to_r16(w, rb, n, wi);
 		/* quantized activations, and raw blocks with any byte (-128
 		 * too, which a quantizer never makes) */
 		for (unsigned tk = 0; tk < max_nt; tk++) {
@@ -944,16 +988,18 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
 				k->pack8[t](a + tk * pb, p + tk * pb, n);
 		}
 		for (unsigned nt = 1; nt <= max_nt; nt++) {
-			fn(n, nt, &got[0][0], 17, w, rb, k->pack8[t] ? p : a, pb);
+			fn(n, nt, &got[0][0], 17, wi, rb, k->pack8[t] ? p : a, pb);
 			for (unsigned tk = 0; tk < nt; tk++)
 				for (unsigned r = 0; r < nrows; r++) {
-					k->vec_dot[t](n, &want, w + r * rb, a + tk * pb);
+					k->vec_dot[rt](n, &want, w + r * rb, a + tk * pb);
 					same &= bits_of(got[tk][r]) == bits_of(want);
 				}
 		}
 		check(same, "%s %s is bit-identical to vec_dot per row and token, "
 		      "n=%zu, 1 to %u tokens (%s%s)", type_name(t), name, n, max_nt, k->isa,
 		      k->pack8[t] ? ", packed" : "");
+		if (r16)
+			free(wi);
 		free(w);
 		free(x);
 		free(a);
@@ -1024,6 +1070,7 @@ int main(void)
 
 	test_type_table();
 	test_fp16();
+	test_layout_r16();
 	for (int i = 0; i < 2; i++) {
 		const struct eng_kernels *k = sets[i];
 
@@ -1041,6 +1088,7 @@ int main(void)
 		test_q8_k_quant(k);
 	}
 	test_ref_dots(ref);
+	test_vec_dot8(ref); /* its only one: Q4_0_R16's vec_dot16 */
 	if (avx2) {
 		test_ref_dots(avx2);
 		test_simd_vs_ref(avx2, ref);
