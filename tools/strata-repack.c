@@ -1,0 +1,188 @@
+/*
+ * strata-repack.c - rewrite a GGUF model's Q4_0 matrices as Q4_0_R16.
+ *
+ *   strata-repack IN.gguf OUT.gguf
+ *
+ * Q4_0_R16 (engine/quant.h) holds the same values as Q4_0 with the blocks
+ * of each 16 rows interleaved, the order the AVX-512 kernel computes in; on
+ * Q4_0 rows the kernel builds that order in registers for every block, about
+ * half its instructions at one token.  The engine never repacks at load (its
+ * memory is the file's pages), so this is the offline step: run it once, then
+ * point strata (or stratad) at OUT.  Results are bit-identical to IN's.
+ *
+ * What is repacked: every 2-D Q4_0 tensor with a multiple of 16 rows, except
+ * token_embd.weight (read one row at a time to embed a token).  Sizes and
+ * offsets do not change, so the header is IN's with those tensors' type
+ * fields rewritten, and the data is IN's with those tensors reordered.
+ *
+ * OUT is written beside itself as OUT.XXXXXX, synced and renamed into place,
+ * so an interrupted run never leaves a half-written model under OUT's name.
+ * Files with the new type are for strata only: other GGUF readers reject the
+ * type number (64) rather than misread it.
+ */
+#include "gguf.h"
+#include "quant.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *out_tmp; /* removed on failure */
+
+static int fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("strata-repack: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	if (out_tmp)
+		unlink(out_tmp);
+	return 2;
+}
+
+static bool repackable(const struct gguf_tensor *t)
+{
+	return t->type == ENG_TYPE_Q4_0 && t->n_dims == 2 && t->ne[1] % ENG_R16_ROWS == 0 &&
+	       !gguf_str_eq(t->name, "token_embd.weight");
+}
+
+/* All of buf at off, or -1 with errno set. */
+static int pwrite_all(int fd, const void *buf, size_t len, off_t off)
+{
+	while (len) {
+		ssize_t n = pwrite(fd, buf, len, off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		buf = (const uint8_t *)buf + n;
+		len -= (size_t)n;
+		off += n;
+	}
+	return 0;
+}
+
+/* The whole of in into out, in the kernel where it can (copy_file_range). */
+static int copy_all(int in, int out, uint64_t size)
+{
+	loff_t ioff = 0, ooff = 0;
+
+	while ((uint64_t)ioff < size) {
+		ssize_t n = copy_file_range(in, &ioff, out, &ooff, size - (uint64_t)ioff, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n ? -1 : (errno = EIO, -1);
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *in_path, *out_path;
+	static char tmp[4096];
+	struct gguf *g;
+	struct stat st;
+	char err[256];
+	uint64_t n_done = 0, bytes_done = 0;
+	uint8_t *img, *buf;
+	int in, out;
+
+	if (argc != 3 || argv[1][0] == '-') {
+		fprintf(stderr, "usage: strata-repack IN.gguf OUT.gguf\n"
+				"  writes IN with its Q4_0 matrices as Q4_0_R16 (strata's "
+				"interleaved layout; same results, faster on AVX-512)\n");
+		return 1;
+	}
+	in_path = argv[1];
+	out_path = argv[2];
+
+	in = open(in_path, O_RDONLY | O_CLOEXEC);
+	if (in < 0 || fstat(in, &st))
+		return fail("%s: %s", in_path, strerror(errno));
+	if (!S_ISREG(st.st_mode) || st.st_size == 0)
+		return fail("%s: not a regular, non-empty file", in_path);
+	img = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, in, 0);
+	if (img == MAP_FAILED)
+		return fail("%s: mmap: %s", in_path, strerror(errno));
+	if (gguf_parse(img, (size_t)st.st_size, &g, err, sizeof(err)))
+		return fail("%s: %s", in_path, err);
+
+	uint64_t max_run = 0, n_rep = 0;
+
+	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor *t = gguf_tensor_at(g, i);
+
+		if (repackable(t)) {
+			uint64_t run = t->size / t->ne[1] * ENG_R16_ROWS;
+
+			max_run = run > max_run ? run : max_run;
+			n_rep++;
+		}
+	}
+	if (!n_rep)
+		return fail("%s: nothing to repack (no Q4_0 matrix with a multiple of 16 rows)",
+			    in_path);
+
+	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.XXXXXX", out_path) >= sizeof(tmp))
+		return fail("%s: path too long", out_path);
+	out = mkostemp(tmp, O_CLOEXEC);
+	if (out < 0)
+		return fail("%s: %s", tmp, strerror(errno));
+	out_tmp = tmp;
+	if (fchmod(out, 0644) || copy_all(in, out, (uint64_t)st.st_size))
+		return fail("%s: copy: %s", tmp, strerror(errno));
+
+	buf = malloc(max_run);
+	if (!buf)
+		return fail("out of memory (%llu bytes)", (unsigned long long)max_run);
+	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor *t = gguf_tensor_at(g, i);
+		const uint8_t *data = gguf_tensor_data_ptr(g, t);
+		uint64_t rb = t->size / t->ne[1], run = rb * ENG_R16_ROWS;
+		/* the u32 type follows the name, n_dims and the ne[] in the
+		 * header (gguf.h), and the name points into the image */
+		uint64_t type_off = (uint64_t)(t->name.ptr - (const char *)img) + t->name.len + 4 +
+				    8 * (uint64_t)t->n_dims;
+		const uint32_t type = ENG_TYPE_Q4_0_R16;
+		uint32_t was;
+
+		if (!repackable(t))
+			continue;
+		memcpy(&was, img + type_off, 4);
+		if (was != t->type) /* gguf.h and this disagree: stop, do not guess */
+			return fail("%s: tensor '%.*s': type field not where expected", in_path,
+				    (int)t->name.len, t->name.ptr);
+		if (pwrite_all(out, &type, 4, (off_t)type_off))
+			return fail("%s: %s", tmp, strerror(errno));
+		for (uint64_t r0 = 0; r0 < t->ne[1]; r0 += ENG_R16_ROWS) {
+			eng_q4_0_to_r16(data + r0 * rb, rb, t->ne[0], buf);
+			if (pwrite_all(out, buf, run, (off_t)(t->offset + r0 * rb)))
+				return fail("%s: %s", tmp, strerror(errno));
+		}
+		n_done++;
+		bytes_done += t->size;
+	}
+	free(buf);
+	if (fsync(out) || close(out) || rename(tmp, out_path))
+		return fail("%s: %s", out_path, strerror(errno));
+	out_tmp = NULL;
+	printf("%s: %llu of %llu tensors (%.1f MiB) repacked to Q4_0_R16\n", out_path,
+	       (unsigned long long)n_done, (unsigned long long)gguf_n_tensors(g),
+	       (double)bytes_done / (1 << 20));
+	gguf_destroy(g);
+	munmap(img, (size_t)st.st_size);
+	close(in);
+	return 0;
+}
