@@ -85,7 +85,7 @@ uint64_t eng_model_token_bytes(const struct eng_model *m);
 struct eng_ctx_config {
 	uint32_t n_ctx;     /* 0: min(n_ctx_train, 4096) */
 	uint32_t n_threads; /* 0: number of CPUs this process may use */
-	uint32_t n_batch;   /* tokens per forward pass; 0: 64 */
+	uint32_t n_batch;   /* tokens per forward pass; 0: 256 */
 };
 
 int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,

@@ -38,7 +38,7 @@ ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=8)
 ap.add_argument("--prompt", type=int, default=16, help="prompt tokens per run")
 ap.add_argument("--batch", type=int, default=0, help="strata -b: prompt tokens per forward pass "
-                "(0: strata's default, 64)")
+                "(0: strata's default, 256)")
 ap.add_argument("--threads", type=int, default=0)
 ap.add_argument("--fractions", default="1,0.75,0.5,0.25", help="empty: only the cgroup runs")
 ap.add_argument("--cgroup", action="store_true")
@@ -149,7 +149,7 @@ print(f"- storage read bandwidth (strata-iobench, O_DIRECT, 1 MiB x 16): {bw / 1
 print(f"- engine without the pager (plain mmap, resident): {tps_plain:.3f} tok/s "
       f"(runs: {', '.join(f'{x:.3f}' for x in plain)}); compute time {compute * 1000:.0f} ms/token\n")
 print(f"- prompt processing without the pager: {statistics.median(plain_prompt):.3f} tok/s "
-      f"({a.prompt} tokens, batches of {a.batch or 64})\n")
+      f"({a.prompt} tokens, batches of {a.batch or 256})\n")
 print("| resident | streamed/token | decode tok/s (runs) | bound tok/s | ratio | "
       "prompt tok/s | prompt vs plain |")
 print("|---|---|---|---|---|---|---|")
