@@ -6,6 +6,7 @@
   the reference as the original does (the logits tests).
 - Its header lists the matrices as type 64 (Q4_0_R16) and token_embd as Q4_0;
   the file is the original's size.
+- Written onto another filesystem (tmpfs), the same bytes.
 - Bad input: usage (1), not GGUF and nothing to repack (2), one-line
   messages, and no OUT or temporary file left behind.
 - Hand-edited R16 types where they cannot be (token_embd, a 1-D norm) are
@@ -88,6 +89,15 @@ with tempfile.TemporaryDirectory() as t:
     check(mats and all(ts[n][0] == 64 for n in mats), "repack: every layer matrix is Q4_0_R16")
     check(ts["token_embd.weight"][0] == 2, "repack: token_embd stays Q4_0")
     check(sorted(os.listdir(t)) == ["r16.gguf"], "repack: no temporary file left")
+
+    # onto another filesystem (copy_file_range refuses ext4 -> tmpfs): the
+    # same bytes
+    if os.path.isdir("/dev/shm") and os.stat("/dev/shm").st_dev != os.stat(src).st_dev:
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+            other = os.path.join(shm, "r16.gguf")
+            r = subprocess.run([repack, src, other], capture_output=True)
+            check(r.returncode == 0 and open(other, "rb").read() == open(dst, "rb").read(),
+                  "repack: onto another filesystem, the same bytes", r.stderr.decode())
 
     for isa in ("scalar", "avx2", "avx512"):
         a = logits(src, isa, os.path.join(t, "a"))

@@ -16,7 +16,8 @@
  * fields rewritten, and the data is IN's with those tensors reordered.
  *
  * OUT is written beside itself as OUT.XXXXXX, synced and renamed into place,
- * so an interrupted run never leaves a half-written model under OUT's name.
+ * so an interrupted run never leaves a half-written model under OUT's name
+ * (and removes OUT.XXXXXX on an error or SIGINT, SIGTERM, SIGHUP).
  * Files with the new type are for strata only: other GGUF readers reject the
  * type number (64) rather than misread it.
  */
@@ -25,6 +26,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,8 +74,12 @@ static int pwrite_all(int fd, const void *buf, size_t len, off_t off)
 	return 0;
 }
 
-/* The whole of in into out, in the kernel where it can (copy_file_range). */
-static int copy_all(int in, int out, uint64_t size)
+/*
+ * The whole of the image into out: in the kernel where it can
+ * (copy_file_range), else from the mapping with pwrite (copy_file_range
+ * refuses between some filesystems, e.g. ext4 to tmpfs: EXDEV).
+ */
+static int copy_all(int in, const uint8_t *img, int out, uint64_t size)
 {
 	loff_t ioff = 0, ooff = 0;
 
@@ -82,10 +88,22 @@ static int copy_all(int in, int out, uint64_t size)
 
 		if (n < 0 && errno == EINTR)
 			continue;
+		if (n < 0 && ioff == 0 &&
+		    (errno == EXDEV || errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL))
+			return pwrite_all(out, img, size, 0);
 		if (n <= 0)
 			return n ? -1 : (errno = EIO, -1);
 	}
 	return 0;
+}
+
+/* Interrupted: no half-written OUT.XXXXXX left behind (unlink and _exit are
+ * async-signal-safe). */
+static void on_signal(int sig)
+{
+	if (out_tmp)
+		unlink(out_tmp);
+	_exit(128 + sig);
 }
 
 int main(int argc, char **argv)
@@ -141,7 +159,10 @@ int main(int argc, char **argv)
 	if (out < 0)
 		return fail("%s: %s", tmp, strerror(errno));
 	out_tmp = tmp;
-	if (fchmod(out, 0644) || copy_all(in, out, (uint64_t)st.st_size))
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGHUP, on_signal);
+	if (fchmod(out, 0644) || copy_all(in, img, out, (uint64_t)st.st_size))
 		return fail("%s: copy: %s", tmp, strerror(errno));
 
 	buf = malloc(max_run);
@@ -177,7 +198,7 @@ int main(int argc, char **argv)
 	free(buf);
 	if (fsync(out) || close(out) || rename(tmp, out_path))
 		return fail("%s: %s", out_path, strerror(errno));
-	out_tmp = NULL;
+	out_tmp = NULL; /* renamed: OUT is whole now */
 	printf("%s: %llu of %llu tensors (%.1f MiB) repacked to Q4_0_R16\n", out_path,
 	       (unsigned long long)n_done, (unsigned long long)gguf_n_tensors(g),
 	       (double)bytes_done / (1 << 20));
