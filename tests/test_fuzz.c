@@ -4,7 +4,8 @@
  *
  * Two phases, both deterministic (fixed seed, so a failure reproduces):
  *
- * 1. In process: for every fixture model, hundreds of mutants (truncations at
+ * 1. In process: for every fixture model, and tiny-llama-q4_0 repacked to
+ *    Q4_0_R16 (eng_repack_r16, what strata-repack writes), hundreds of mutants (truncations at
  *    chosen and random lengths; 1-8 flipped bytes, mostly in the header and
  *    tensor table where the structure lives) are copied into a buffer of
  *    exactly their size, so any read past the end trips ASan.  Each goes
@@ -20,6 +21,7 @@
  * meson counts as a failure.
  */
 #include "engine.h"
+#include "repack.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -38,10 +40,12 @@ extern char **environ;
 
 #define CLI_TIMEOUT_S 60
 
+#define R16 "+r16" /* suffix: the model repacked to Q4_0_R16 in memory */
+
 static const char *const models[] = {
 	"stories260K.gguf",       "tiny-llama-f16.gguf",    "tiny-llama-q4_0.gguf",
 	"tiny-llama-q4_k_m.gguf", "tiny-llama-q6_k.gguf",   "tiny-llama-q8_0.gguf",
-	"tiny-qwen2-q4_k_m.gguf",
+	"tiny-qwen2-q4_k_m.gguf",  "tiny-llama-q4_0.gguf" R16,
 };
 #define N_MODELS (sizeof(models) / sizeof(models[0]))
 
@@ -247,12 +251,27 @@ int main(int argc, char **argv)
 		size_t len = 0;
 		uint8_t *img;
 
-		snprintf(path, sizeof(path), "%s/models/%s", fix, models[i]);
+		size_t nl = strlen(models[i]);
+		bool r16 = nl > strlen(R16) && !strcmp(models[i] + nl - strlen(R16), R16);
+
+		snprintf(path, sizeof(path), "%s/models/%.*s", fix,
+			 (int)(nl - (r16 ? strlen(R16) : 0)), models[i]);
 		img = slurp(path, &len);
 		if (!img) {
 			printf("SKIP: cannot read %s (set STRATA_FIXTURES)\n", path);
 			rmdir(dir);
 			return 77;
+		}
+		if (r16) {
+			uint64_t nt, nbytes;
+			char err[256];
+
+			if (eng_repack_r16(img, len, &nt, &nbytes, err, sizeof(err)) || !nt) {
+				printf("FAIL %s: repack: %s\n", models[i], nt ? err : "nothing");
+				fails++;
+				free(img);
+				continue;
+			}
 		}
 		fails += run_in_process(models[i], img, len, per_model, &loaded, &refused);
 

@@ -12,8 +12,8 @@
  *
  * What is repacked: every 2-D Q4_0 tensor with a multiple of 16 rows, except
  * token_embd.weight (read one row at a time to embed a token).  Sizes and
- * offsets do not change, so the header is IN's with those tensors' type
- * fields rewritten, and the data is IN's with those tensors reordered.
+ * offsets do not change: OUT is a copy of IN, mapped and repacked where it
+ * lies by eng_repack_r16() (engine/repack.c; the fuzz test runs it too).
  *
  * OUT is written beside itself as OUT.XXXXXX, synced and renamed into place,
  * so an interrupted run never leaves a half-written model under OUT's name
@@ -22,7 +22,7 @@
  * type number (64) rather than misread it.
  */
 #include "gguf.h"
-#include "quant.h"
+#include "repack.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -49,12 +49,6 @@ static int fail(const char *fmt, ...)
 	if (out_tmp)
 		unlink(out_tmp);
 	return 2;
-}
-
-static bool repackable(const struct gguf_tensor *t)
-{
-	return t->type == ENG_TYPE_Q4_0 && t->n_dims == 2 && t->ne[1] % ENG_R16_ROWS == 0 &&
-	       !gguf_str_eq(t->name, "token_embd.weight");
 }
 
 /* All of buf at off, or -1 with errno set. */
@@ -113,9 +107,9 @@ int main(int argc, char **argv)
 	struct gguf *g;
 	struct stat st;
 	char err[256];
-	uint64_t n_done = 0, bytes_done = 0;
-	uint8_t *img, *buf;
-	int in, out;
+	uint64_t n_rep = 0, n_all, n_done, bytes_done;
+	uint8_t *img, *oimg;
+	int in, out, rc;
 
 	if (argc != 3 || argv[1][0] == '-') {
 		fprintf(stderr, "usage: strata-repack IN.gguf OUT.gguf\n"
@@ -134,21 +128,13 @@ int main(int argc, char **argv)
 	img = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, in, 0);
 	if (img == MAP_FAILED)
 		return fail("%s: mmap: %s", in_path, strerror(errno));
+	/* before writing anything: is there work? */
 	if (gguf_parse(img, (size_t)st.st_size, &g, err, sizeof(err)))
 		return fail("%s: %s", in_path, err);
-
-	uint64_t max_run = 0, n_rep = 0;
-
-	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
-		const struct gguf_tensor *t = gguf_tensor_at(g, i);
-
-		if (repackable(t)) {
-			uint64_t run = t->size / t->ne[1] * ENG_R16_ROWS;
-
-			max_run = run > max_run ? run : max_run;
-			n_rep++;
-		}
-	}
+	n_all = gguf_n_tensors(g);
+	for (uint64_t i = 0; i < n_all; i++)
+		n_rep += eng_repackable(gguf_tensor_at(g, i));
+	gguf_destroy(g);
 	if (!n_rep)
 		return fail("%s: nothing to repack (no Q4_0 matrix with a multiple of 16 rows)",
 			    in_path);
@@ -164,46 +150,20 @@ int main(int argc, char **argv)
 	signal(SIGHUP, on_signal);
 	if (fchmod(out, 0644) || copy_all(in, img, out, (uint64_t)st.st_size))
 		return fail("%s: copy: %s", tmp, strerror(errno));
+	munmap(img, (size_t)st.st_size);
+	close(in);
 
-	buf = malloc(max_run);
-	if (!buf)
-		return fail("out of memory (%llu bytes)", (unsigned long long)max_run);
-	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
-		const struct gguf_tensor *t = gguf_tensor_at(g, i);
-		const uint8_t *data = gguf_tensor_data_ptr(g, t);
-		uint64_t rb = t->size / t->ne[1], run = rb * ENG_R16_ROWS;
-		/* the u32 type follows the name, n_dims and the ne[] in the
-		 * header (gguf.h), and the name points into the image */
-		uint64_t type_off = (uint64_t)(t->name.ptr - (const char *)img) + t->name.len + 4 +
-				    8 * (uint64_t)t->n_dims;
-		const uint32_t type = ENG_TYPE_Q4_0_R16;
-		uint32_t was;
-
-		if (!repackable(t))
-			continue;
-		memcpy(&was, img + type_off, 4);
-		if (was != t->type) /* gguf.h and this disagree: stop, do not guess */
-			return fail("%s: tensor '%.*s': type field not where expected", in_path,
-				    (int)t->name.len, t->name.ptr);
-		if (pwrite_all(out, &type, 4, (off_t)type_off))
-			return fail("%s: %s", tmp, strerror(errno));
-		for (uint64_t r0 = 0; r0 < t->ne[1]; r0 += ENG_R16_ROWS) {
-			eng_q4_0_to_r16(data + r0 * rb, rb, t->ne[0], buf);
-			if (pwrite_all(out, buf, run, (off_t)(t->offset + r0 * rb)))
-				return fail("%s: %s", tmp, strerror(errno));
-		}
-		n_done++;
-		bytes_done += t->size;
-	}
-	free(buf);
-	if (fsync(out) || close(out) || rename(tmp, out_path))
+	oimg = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, out, 0);
+	if (oimg == MAP_FAILED)
+		return fail("%s: mmap: %s", tmp, strerror(errno));
+	rc = eng_repack_r16(oimg, (size_t)st.st_size, &n_done, &bytes_done, err, sizeof(err));
+	if (rc)
+		return fail("%s: %s", in_path, err);
+	if (munmap(oimg, (size_t)st.st_size) || fsync(out) || close(out) || rename(tmp, out_path))
 		return fail("%s: %s", out_path, strerror(errno));
 	out_tmp = NULL; /* renamed: OUT is whole now */
 	printf("%s: %llu of %llu tensors (%.1f MiB) repacked to Q4_0_R16\n", out_path,
-	       (unsigned long long)n_done, (unsigned long long)gguf_n_tensors(g),
+	       (unsigned long long)n_done, (unsigned long long)n_all,
 	       (double)bytes_done / (1 << 20));
-	gguf_destroy(g);
-	munmap(img, (size_t)st.st_size);
-	close(in);
 	return 0;
 }
