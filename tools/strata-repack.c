@@ -114,7 +114,7 @@ int main(int argc, char **argv)
 	if (argc != 3 || argv[1][0] == '-') {
 		fprintf(stderr, "usage: strata-repack IN.gguf OUT.gguf\n"
 				"  writes IN with its Q4_0 matrices as Q4_0_R16 (strata's "
-				"interleaved layout; same results, faster on AVX-512)\n");
+				"interleaved layout; same results, faster decode)\n");
 		return 1;
 	}
 	in_path = argv[1];
