@@ -130,4 +130,13 @@ check "bench --no-hw --json" $?
 "$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --no-hw >"$T/n.txt"
 grep -q "^decode " "$T/n.txt" && ! grep -q "^memory read" "$T/n.txt"
 check "bench --no-hw: no bandwidth lines" $?
+! grep -q "^hint" "$T/n.txt"; check "bench: no repack hint for a model without Q4_0" $?
+
+# A Q4_0 model: the text report points at strata-repack (not the JSON).
+"$S" bench -m "$F/models/tiny-llama-q4_0.gguf" -p 4 -n 2 --no-hw >"$T/q.txt" &&
+	grep -q "^hint .*strata-repack .*tiny-llama-q4_0.gguf OUT.gguf" "$T/q.txt"
+check "bench: repack hint for a Q4_0 model" $?
+"$S" bench -m "$F/models/tiny-llama-q4_0.gguf" -p 4 -n 2 --no-hw --json >"$T/q.json" &&
+	python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$T/q.json"
+check "bench --json: still JSON for a Q4_0 model" $?
 exit $fail
