@@ -24,6 +24,7 @@
 struct eng_model;
 struct eng_ctx;
 struct eng_tokenizer;
+struct gguf;
 
 enum eng_arch {
 	ENG_ARCH_LLAMA,
@@ -77,6 +78,8 @@ int eng_model_load_vocab(const void *base, size_t size, struct eng_model **out, 
 void eng_model_destroy(struct eng_model *m);
 const struct eng_hparams *eng_model_hparams(const struct eng_model *m);
 const struct eng_tokenizer *eng_model_tokenizer(const struct eng_model *m);
+/* The model's parsed GGUF header (gguf.h), for tools that look at tensors. */
+const struct gguf *eng_model_gguf(const struct eng_model *m);
 /* Bytes of weights the forward pass reads for one decoded token: every
  * matrix, norm and bias once, one embedding row (0 for a vocabulary-only
  * model).  Memory bandwidth divided by this bounds decode tok/s. */

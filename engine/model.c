@@ -431,6 +431,11 @@ const struct eng_tokenizer *eng_model_tokenizer(const struct eng_model *m)
 	return m->tok;
 }
 
+const struct gguf *eng_model_gguf(const struct eng_model *m)
+{
+	return m->g;
+}
+
 /* ---- context ---------------------------------------------------------- */
 
 static void *xcalloc(struct eng_ctx *c, size_t n, size_t sz)

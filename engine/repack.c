@@ -10,10 +10,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-bool eng_repackable(const struct gguf_tensor *t)
+static bool repackable(const struct gguf_tensor *t)
 {
 	return t->type == ENG_TYPE_Q4_0 && t->n_dims == 2 && t->ne[1] % ENG_R16_ROWS == 0 &&
 	       !gguf_str_eq(t->name, "token_embd.weight");
+}
+
+uint64_t eng_n_repackable(const struct gguf *g)
+{
+	uint64_t n = 0;
+
+	for (uint64_t i = 0; i < gguf_n_tensors(g); i++)
+		n += repackable(gguf_tensor_at(g, i));
+	return n;
+}
+
+/* Where t's u32 type lies in img: after the name, n_dims and ne[] of its
+ * header entry (gguf.h); the parsed name points into the image. */
+static size_t type_field(const uint8_t *img, const struct gguf_tensor *t)
+{
+	return (size_t)((const uint8_t *)t->name.ptr - img) + t->name.len + 4 +
+	       8 * (size_t)t->n_dims;
 }
 
 int eng_repack_r16(uint8_t *img, size_t len, uint64_t *n_tensors, uint64_t *n_bytes, char *err,
@@ -30,15 +47,11 @@ int eng_repack_r16(uint8_t *img, size_t len, uint64_t *n_tensors, uint64_t *n_by
 	/* check every type field first, so a failure leaves img as it was */
 	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
 		const struct gguf_tensor *t = gguf_tensor_at(g, i);
-		/* the u32 type follows the name, n_dims and ne[] in the header
-		 * (gguf.h); the parsed name points into the image */
-		size_t off = (size_t)((const uint8_t *)t->name.ptr - img) + t->name.len + 4 +
-			     8 * (size_t)t->n_dims;
 		uint32_t was;
 
-		if (!eng_repackable(t))
+		if (!repackable(t))
 			continue;
-		memcpy(&was, img + off, 4);
+		memcpy(&was, img + type_field(img, t), 4);
 		if (was != t->type) {
 			snprintf(err, errlen, "tensor '%.*s': type field not where expected",
 				 (int)t->name.len, t->name.ptr);
@@ -56,15 +69,13 @@ int eng_repack_r16(uint8_t *img, size_t len, uint64_t *n_tensors, uint64_t *n_by
 	}
 	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
 		const struct gguf_tensor *t = gguf_tensor_at(g, i);
-		size_t off = (size_t)((const uint8_t *)t->name.ptr - img) + t->name.len + 4 +
-			     8 * (size_t)t->n_dims;
 		const uint32_t type = ENG_TYPE_Q4_0_R16;
 		uint8_t *data = img + t->offset;
 		uint64_t rb = t->size / t->ne[1], run = rb * ENG_R16_ROWS;
 
-		if (!eng_repackable(t))
+		if (!repackable(t))
 			continue;
-		memcpy(img + off, &type, 4);
+		memcpy(img + type_field(img, t), &type, 4);
 		for (uint64_t r0 = 0; r0 < t->ne[1]; r0 += ENG_R16_ROWS) {
 			eng_q4_0_to_r16(data + r0 * rb, rb, t->ne[0], buf);
 			memcpy(data + r0 * rb, buf, run);

@@ -16,7 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-bool eng_repackable(const struct gguf_tensor *t);
+/* How many of g's tensors eng_repack_r16 would repack. */
+uint64_t eng_n_repackable(const struct gguf *g);
 
 /* Repack the len-byte GGUF image at img where it lies.  Returns 0 and
  * *n_tensors, *n_bytes (0 if nothing was repackable), or -EINVAL/-ENOTSUP/

@@ -13,9 +13,9 @@
  * neither the timings nor the peak RSS it reports include the measurement.
  */
 #include "engine.h"
-#include "repack.h"
 #include "hwbench.h"
 #include "pager.h"
+#include "repack.h"
 #include "threads.h"
 #include "tokenizer.h"
 
@@ -810,22 +810,6 @@ static void json_num(const char *key, bool ok, double v)
 		printf(", \"%s\": null", key);
 }
 
-/* Matrices strata-repack would turn into Q4_0_R16 (0 if none, or if the
- * header does not parse: the model loaded, so it does). */
-static uint64_t n_repackable(const void *base, size_t size)
-{
-	struct gguf *g;
-	char err[8];
-	uint64_t n = 0;
-
-	if (gguf_parse(base, size, &g, err, sizeof(err)))
-		return 0;
-	for (uint64_t i = 0; i < gguf_n_tensors(g); i++)
-		n += eng_repackable(gguf_tensor_at(g, i));
-	gguf_destroy(g);
-	return n;
-}
-
 static int cmd_bench(int argc, char **argv)
 {
 	struct opts o;
@@ -941,7 +925,7 @@ static int cmd_bench(int argc, char **argv)
 		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
 		printf("decode       %ld tokens  %.2f tok/s\n", o.n_predict, tg_tps);
 		printf("peak RSS     %.1f MiB\n", rss / 1048576.0);
-		if (n_repackable(s.base, s.size))
+		if (eng_n_repackable(eng_model_gguf(s.model)))
 			printf("hint         its Q4_0 matrices decode faster repacked, with the same "
 			       "results: strata-repack %s OUT.gguf\n",
 			       o.model);

@@ -107,7 +107,7 @@ int main(int argc, char **argv)
 	struct gguf *g;
 	struct stat st;
 	char err[256];
-	uint64_t n_rep = 0, n_all, n_done, bytes_done;
+	uint64_t n_rep, n_all, n_done, bytes_done;
 	uint8_t *img, *oimg;
 	int in, out, rc;
 
@@ -132,8 +132,7 @@ int main(int argc, char **argv)
 	if (gguf_parse(img, (size_t)st.st_size, &g, err, sizeof(err)))
 		return fail("%s: %s", in_path, err);
 	n_all = gguf_n_tensors(g);
-	for (uint64_t i = 0; i < n_all; i++)
-		n_rep += eng_repackable(gguf_tensor_at(g, i));
+	n_rep = eng_n_repackable(g);
 	gguf_destroy(g);
 	if (!n_rep)
 		return fail("%s: nothing to repack (no Q4_0 matrix with a multiple of 16 rows)",
