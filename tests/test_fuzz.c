@@ -5,12 +5,13 @@
  * Two phases, both deterministic (fixed seed, so a failure reproduces):
  *
  * 1. In process: for every fixture model, and tiny-llama-q4_0 repacked to
- *    Q4_0_R16 (eng_repack_r16, what strata-repack writes), hundreds of mutants (truncations at
- *    chosen and random lengths; 1-8 flipped bytes, mostly in the header and
- *    tensor table where the structure lives) are copied into a buffer of
- *    exactly their size, so any read past the end trips ASan.  Each goes
- *    through eng_model_load; those that load also get a context and a few
- *    tokens decoded.  Each must load and run, or be refused with a message.
+ *    Q4_0_R16 (eng_repack_r16, what strata-repack writes), hundreds of
+ *    mutants (truncations at chosen and random lengths; 1-8 flipped bytes,
+ *    mostly in the header and tensor table where the structure lives) are
+ *    copied into a buffer of exactly their size, so any read past the end
+ *    trips ASan.  Each goes through eng_model_load; those that load also get
+ *    a context and a few tokens decoded.  Each must load and run, or be
+ *    refused with a message.
  *
  * 2. Through the command line: a sample of mutants written to files and given
  *    to the sanitized `strata eval`.  Each run must exit 0, or exit 2 with one
