@@ -333,7 +333,31 @@ struct session {
 	struct eng_ctx *ctx;
 	const struct eng_hparams *hp;
 	const struct eng_tokenizer *tok;
+	uint64_t own_bytes; /* the process's heap once the model is loaded */
 };
+
+/*
+ * The process's own anonymous memory in use (RssAnon): once the model is
+ * loaded, its tokenizer tables, tensor index and the C library's heap.  With
+ * the context's allocations (KV cache, activation buffers: eng_ctx_bytes,
+ * counted as allocated since calloc leaves large ones untouched until used)
+ * it is what the engine declares to the pager, which holds it against the
+ * budget.  0 where /proc cannot tell.
+ */
+static uint64_t anon_rss_bytes(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	unsigned long long kb = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "RssAnon: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb * 1024;
+}
 
 static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 {
@@ -374,13 +398,14 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	s->tok = eng_model_tokenizer(s->model);
 	if (!want_ctx)
 		return 0;
+	s->own_bytes = anon_rss_bytes();
 	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch };
 	rc = eng_ctx_create(s->model, &cc, &s->ctx, err, sizeof(err));
 	if (rc) {
 		msg("%s: %s", o->model, err);
 		return EXIT_BAD_INPUT;
 	}
-	if (s->pc && pager_client_declare(s->pc, eng_ctx_bytes(s->ctx))) {
+	if (s->pc && pager_client_declare(s->pc, s->own_bytes + eng_ctx_bytes(s->ctx))) {
 		msg("%s: cannot talk to the pager", o->model);
 		return EXIT_BAD_INPUT;
 	}

@@ -115,14 +115,42 @@ static void evict(struct model *m, unsigned u)
 	pager_log(PAGER_LOG_DEBUG, "%s: evicted unit %u", m->name, u);
 }
 
-static uint64_t declared_total(const struct pager *p)
+/*
+ * The memory the engines declared (KV cache, buffers), set aside from the
+ * budget.  While no connected engine has declared anything, the last total
+ * stays reserved: an engine that exits is usually followed by another (the
+ * same one, restarted) of the same size, and giving its memory to layers in
+ * between would load them only to evict them when it declares again.
+ */
+uint64_t pager_declared(const struct pager *p)
 {
 	uint64_t d = 0;
 
 	for (const struct client *c = p->clients; c; c = c->next)
-		if (c->state == C_ACTIVE || c->state == C_REGISTER)
+		if (!c->dead && (c->state == C_ACTIVE || c->state == C_REGISTER))
 			d += c->declared;
-	return d;
+	return d ? d : p->declared_hold;
+}
+
+/* Client c needs `bytes` of its own (its KV cache and buffers): reserve
+ * them from the budget and re-plan every model. */
+void pager_declare(struct client *c, uint64_t bytes)
+{
+	struct pager *p = c->p;
+	uint64_t d = 0;
+
+	c->declared = bytes;
+	for (const struct client *o = p->clients; o; o = o->next)
+		if (!o->dead && (o->state == C_ACTIVE || o->state == C_REGISTER))
+			d += o->declared;
+	if (d)
+		p->declared_hold = d;
+	pager_log(PAGER_LOG_NOTICE, "client pid %d declares %.1f MiB of its own (engines: %.1f MiB in all)",
+		  (int)c->pid, bytes / 1048576.0, pager_declared(p) / 1048576.0);
+	for (unsigned i = 0; i < p->n_models; i++) {
+		pager_plan(&p->models[i]);
+		pager_policy_advance(&p->models[i]);
+	}
 }
 
 /* What this model may hold: its share of the budget once clients' own
@@ -130,7 +158,7 @@ static uint64_t declared_total(const struct pager *p)
 uint64_t pager_allowance(const struct model *m)
 {
 	const struct pager *p = m->p;
-	uint64_t total = 0, d = declared_total(p);
+	uint64_t total = 0, d = pager_declared(p);
 
 	if (!p->cfg.budget)
 		return UINT64_MAX;
@@ -179,6 +207,14 @@ static int uffd_continue(struct client *c, uint64_t off, uint64_t len)
 	return 0;
 }
 
+/* A CONTINUE failed: ENOENT (the range is no longer registered: it unmapped
+ * the model) and ESRCH (its process is exiting) are a client on its way
+ * out, which its socket's EOF will confirm; anything else is a fault. */
+static void uffd_failed(struct client *c, int rc)
+{
+	pager_drop_client(c, rc == -ENOENT || rc == -ESRCH ? NULL : "its mapping is gone");
+}
+
 
 /* Map unit u into client c: whole extents, minus tripwires for streamed
  * layers (so the first touch tells us the engine arrived). */
@@ -209,7 +245,7 @@ void pager_map_unit(struct client *c, unsigned u)
 		}
 	}
 	if (rc)
-		pager_drop_client(c, "its mapping is gone");
+		uffd_failed(c, rc);
 }
 
 static void map_unit_everywhere(struct model *m, unsigned u)
@@ -313,8 +349,58 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 
 /* ---- policy ----------------------------------------------------------- */
 
-/* Mark n layers resident, spread evenly (so streamed layers have resident
- * neighbours whose compute time hides their reads). */
+/*
+ * The order in which layers become resident as the plan grows: each next
+ * layer is the one farthest (cyclically: after the last layer comes layer 0
+ * of the next token) from those already chosen, ties to the lowest index.
+ * Any prefix is spread evenly over the model, so streamed layers have
+ * resident neighbours whose compute time hides their reads, and the sets are
+ * nested: a plan that grows or shrinks by k layers (a client's declared
+ * memory, pressure) loads or evicts k layers and keeps every other one.
+ * -ENOMEM, or 0.
+ */
+int pager_plan_init(struct model *m)
+{
+	unsigned L = m->lay->n_layers, *order = calloc(L ? L : 1, sizeof(*order));
+	bool *chosen = calloc(L ? L : 1, sizeof(*chosen));
+
+	m->rank = calloc(L ? L : 1, sizeof(*m->rank));
+	if (!order || !chosen || !m->rank) {
+		free(order);
+		free(chosen);
+		return -ENOMEM;
+	}
+	for (unsigned n = 0; n < L; n++) {
+		unsigned best = 0, best_d = 0;
+
+		for (unsigned l = 0; l < L; l++) {
+			unsigned d = L;
+
+			if (chosen[l])
+				continue;
+			for (unsigned k = 0; k < n; k++) {
+				unsigned a = (l + L - order[k]) % L, b = (order[k] + L - l) % L;
+
+				if (a < d)
+					d = a;
+				if (b < d)
+					d = b;
+			}
+			if (d > best_d) {
+				best_d = d;
+				best = l;
+			}
+		}
+		order[n] = best;
+		chosen[best] = true;
+		m->rank[best] = n;
+	}
+	free(order);
+	free(chosen);
+	return 0;
+}
+
+/* Mark n layers resident: the first n of the spread order (pager_plan_init). */
 void pager_plan(struct model *m)
 {
 	const struct pager *p = m->p;
@@ -355,11 +441,8 @@ void pager_plan(struct model *m)
 	n = n > m->shed ? n - m->shed : 0;
 	m->n_resident = n;
 	m->us[0].resident = true;
-	for (unsigned l = 0; l < L; l++) {
-		/* layer l is resident when the spread count steps at l */
-		bool r = (uint64_t)(l + 1) * n / L != (uint64_t)l * n / L;
-		m->us[l + 1].resident = r;
-	}
+	for (unsigned l = 0; l < L; l++)
+		m->us[l + 1].resident = m->rank[l] < n;
 }
 
 /* Is streamed unit u within `window` streamed layers ahead of a client of m
@@ -462,7 +545,18 @@ void pager_policy_advance(struct model *m)
 		evict(m, 0);
 	if (m->fuse_reader)
 		pager_fuse_advance(m);
-	for (unsigned u = 0; u < U; u++) {
+	/* Queue loads in the order the engine will need them: unit 0, then the
+	 * layers from where the first located client is, cyclically.  The
+	 * reader is one FIFO, so this is the order the bytes arrive in. */
+	unsigned from = 0;
+	for (const struct client *c = m->p->clients; c; c = c->next)
+		if (c->m == m && c->state == C_ACTIVE && !c->dead && c->pos > 0) {
+			from = (unsigned)c->pos - 1;
+			break;
+		}
+	for (unsigned k = 0; k < U; k++) {
+		unsigned u = k == 0 ? 0 : (from + k - 1) % (U - 1) + 1;
+
 		if (m->us[u].state != U_ABSENT || !pager_wants_mem(m, u))
 			continue;
 		if (pager_held(m) + m->lay->units[u].bytes > allow && u != 0)
@@ -494,14 +588,14 @@ static void resolve(struct client *c, uint64_t off, uint64_t since)
 		for (unsigned t = 0; t < un->n_trip; t++) {
 			rc = uffd_continue(c, un->trip[t], page);
 			if (rc) {
-				pager_drop_client(c, "its mapping is gone");
+				uffd_failed(c, rc);
 				return;
 			}
 		}
 	}
 	rc = uffd_continue(c, off, page);
 	if (rc)
-		pager_drop_client(c, "its mapping is gone");
+		uffd_failed(c, rc);
 }
 
 static void wake_waiters(struct model *m, unsigned u)

@@ -245,8 +245,9 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 	c->pos = -1;
 	if (m->n_clients == 1)
 		pager_place(m, c->pid);
-	pager_log(PAGER_LOG_NOTICE, "client pid %d attached to %s (declares %.1f MiB)", (int)c->pid,
-		  m->name, c->declared / 1048576.0);
+	pager_log(PAGER_LOG_NOTICE, "client pid %d attached to %s", (int)c->pid, m->name);
+	if (c->declared)
+		pager_declare(c, c->declared);
 	pager_plan(m);
 	pager_policy_advance(m);
 	for (unsigned u = 0; u < m->lay->n_units && !c->dead; u++)
@@ -364,13 +365,7 @@ static void on_sock(struct client *c)
 		break;
 	case C_ACTIVE:
 		if (type == PROTO_DECLARE && len == PROTO_DECLARE_SIZE) {
-			c->declared = proto_get_u64(buf + PROTO_HDR_SIZE);
-			pager_log(PAGER_LOG_INFO, "client pid %d declares %.1f MiB", (int)c->pid,
-				  c->declared / 1048576.0);
-			for (unsigned i = 0; i < c->p->n_models; i++) {
-				pager_plan(&c->p->models[i]);
-				pager_policy_advance(&c->p->models[i]);
-			}
+			pager_declare(c, proto_get_u64(buf + PROTO_HDR_SIZE));
 		} else {
 			pager_drop_client(c, "unexpected message after READY");
 		}
@@ -507,7 +502,7 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 	pager_place(m, getpid()); /* until a client says where it runs */
 	m->us = calloc(m->lay->n_units, sizeof(*m->us));
 	m->waiters = calloc(m->lay->n_units, sizeof(*m->waiters));
-	if (!m->us || !m->waiters) {
+	if (!m->us || !m->waiters || pager_plan_init(m)) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -530,6 +525,7 @@ static void close_model(struct model *m)
 		}
 	free(m->waiters);
 	free(m->us);
+	free(m->rank);
 	pager_layout_destroy(m->lay);
 	free(m->path);
 	free(m->real);

@@ -93,7 +93,8 @@ struct model {
 	struct pager_layout *lay;
 	struct ustat *us;
 	struct waiter **waiters; /* per unit */
-	unsigned n_resident;     /* layers planned resident */
+	unsigned *rank;          /* per layer: its place in the residency order */
+	unsigned n_resident;     /* layers planned resident: rank < n_resident */
 	unsigned shed;           /* layers demoted by memory pressure */
 	uint64_t mem_bytes;      /* units loading or loaded */
 	uint64_t sparse_bytes;   /* sparse blocks in the memfd (residency.c) */
@@ -143,6 +144,9 @@ struct pager {
 	unsigned n_clients;
 	uint64_t page;
 	uint64_t pressure_events;
+	/* The engines' declared memory, kept reserved while none is connected
+	 * (residency.c: declared_total) */
+	uint64_t declared_hold;
 	bool stop;
 	char *sock_path;
 };
@@ -157,8 +161,12 @@ enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD, EV_FUS
 /* residency.c */
 int pager_load(struct model *m, unsigned u);
 uint64_t pager_allowance(const struct model *m);
+/* What the connected engines declared; see declared_total in residency.c. */
+uint64_t pager_declared(const struct pager *p);
+void pager_declare(struct client *c, uint64_t bytes);
 /* What the model holds against its allowance: memfd, page cache, sparse. */
 uint64_t pager_held(const struct model *m);
+int pager_plan_init(struct model *m);
 void pager_plan(struct model *m);
 void pager_policy_advance(struct model *m);
 void pager_map_unit(struct client *c, unsigned u);

@@ -61,6 +61,15 @@ static bool reader_active(const struct model *m)
 	return m->fuse_reader && m->fuse_reads;
 }
 
+/* The declared memory is the last engine's, kept while none is connected. */
+static bool engines_held(const struct pager *p)
+{
+	for (const struct client *c = p->clients; c; c = c->next)
+		if (!c->dead && (c->state == C_ACTIVE || c->state == C_REGISTER) && c->declared)
+			return false;
+	return p->declared_hold != 0;
+}
+
 struct sbuf {
 	char *p;
 	size_t cap, len;
@@ -105,9 +114,10 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		read_all += p->models[j].bytes_read;
 
 	if (json)
-		sb(&s, "{\"pid\": %d, \"budget_bytes\": %llu, \"pressure_events\": %llu, \"models\": [",
+		sb(&s, "{\"pid\": %d, \"budget_bytes\": %llu, \"declared_bytes\": %llu, "
+		       "\"pressure_events\": %llu, \"models\": [",
 		   (int)getpid(), (unsigned long long)p->cfg.budget,
-		   (unsigned long long)p->pressure_events);
+		   (unsigned long long)pager_declared(p), (unsigned long long)p->pressure_events);
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct model *m = &p->models[i];
 		uint64_t resident = 0;
@@ -176,6 +186,8 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		   p->cfg.budget ? "" : " (no limit)",
 		   pager_allowance(m) == UINT64_MAX ? m->lay->map_size / 1048576.0
 					      : pager_allowance(m) / 1048576.0);
+		sb(&s, "  engines     %.1f MiB declared (KV cache, buffers), set aside from the budget%s\n",
+		   pager_declared(p) / 1048576.0, engines_held(p) ? " (held for the next engine)" : "");
 		sb(&s, "  resident    %.1f MiB of %.1f MiB, %u of %u layers planned resident\n",
 		   resident / 1048576.0, m->lay->file_size / 1048576.0, m->n_resident,
 		   m->lay->n_layers);

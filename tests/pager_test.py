@@ -16,6 +16,10 @@
   fuse        every fixture through `stratad --fuse`: the mounted files have the
               exact bytes, and `strata eval` on them (plain mmap, no --pager)
               gives bit-identical logits; SIGTERM unmounts
+  warm        an engine started after another exits finds every layer planned
+              resident still in memory: none is read again
+  accounting  an engine's KV cache and buffers are declared, shown by stratactl
+              and taken from the budget
   shed        SIGUSR1 (the memory-pressure path) demotes resident layers while
               an engine runs; they are evicted, results stay bit-identical;
               SIGUSR2 restores them
@@ -376,6 +380,83 @@ def case_shed():
     check("shed: SIGUSR2 restores every layer and the daemon lives on", alive)
 
 
+def run_bench(m, sock, ctx, batch=32):
+    return subprocess.run([STRATA, "bench", "-m", m, "--pager", sock, "-p", "4", "-n", "4",
+                           "-c", str(ctx), "-b", str(batch), "--no-hw", "--json"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def case_warm():
+    """A budget with room for some of the small model's 12 layers: the engine's
+    declared memory takes two of the seven the idle daemon plans.  The second
+    engine, started after the first exited, finds the same layers resident and
+    reads none of them again."""
+    m = long_model()
+    name = os.path.basename(m)
+    d = Daemon([m], "--budget", "90M")
+    idle = d.model(name)["resident_layers_planned"]
+    r1 = run_bench(m, d.sock, 256)
+    wait_for(lambda: not d.model(name)["clients"], 10, "first engine detached")
+    st1 = d.model(name)
+    res1 = {l["layer"]: l["loads"] for l in st1["layers"] if l["state"] == "resident"}
+    r2 = run_bench(m, d.sock, 256)
+    wait_for(lambda: not d.model(name)["clients"], 10, "second engine detached")
+    st2 = d.model(name)
+    d.stop()
+    check("warm: both engines ran", r1.returncode == 0 and r2.returncode == 0,
+          r1.stderr + r2.stderr)
+    check("warm: the engine's memory shrank the plan, some layers still resident",
+          0 < st1["resident_layers_planned"] < idle and
+          len(res1) == st1["resident_layers_planned"],
+          f"idle {idle}, with the engine {st1['resident_layers_planned']}, loaded {len(res1)}")
+    check("warm: the plan stays while no engine is connected",
+          st2["resident_layers_planned"] == st1["resident_layers_planned"])
+    check("warm: the second engine found every planned layer resident, none read again",
+          all(st2["layers"][l]["state"] == "resident" and st2["layers"][l]["loads"] == n
+              for l, n in res1.items()),
+          str([(l["layer"], l["state"], l["loads"]) for l in st2["layers"]]))
+
+
+def case_accounting():
+    """What an engine allocates (KV cache, buffers) is declared, shown and
+    taken from the budget.  The small shape's KV cache is 12 layers x (K, V)
+    x 4 KV heads x 64 x f16 = 12 KiB a token."""
+    m = long_model()
+    name = os.path.basename(m)
+    d = Daemon([m], "--budget", "90M")
+    budget = d.status()["budget_bytes"]
+    idle = d.model(name)["resident_layers_planned"]
+    seen = {}
+    for ctx in (256, 2048):
+        e = subprocess.Popen([STRATA, "run", "-m", m, "--pager", d.sock, "-p", "hello",
+                              "-n", "4000", "-c", str(ctx), "-b", "32", "--temp", "0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        first_output(e)
+        cl = wait_for(lambda: [c for c in d.model(name)["clients"]
+                               if c["kind"] == "uffd" and c["declared_bytes"] > 0], 10,
+                      "the engine's declaration")
+        st, top = d.model(name), d.status()
+        text = subprocess.run([CTL, "--socket", d.sock, "status"], capture_output=True,
+                              text=True).stdout
+        seen[ctx] = (cl[0]["declared_bytes"], top["declared_bytes"], st["allowance_bytes"],
+                     st["resident_layers_planned"], text)
+        e.kill()
+        e.wait()
+    d.stop()
+    small, big = seen[256], seen[2048]
+    check("accounting: the declared memory is the daemon's total, and the allowance is the "
+          "budget less it", all(v[0] == v[1] and v[2] == budget - v[1] for v in seen.values()),
+          str([v[:4] for v in seen.values()]))
+    kv = 12 * 2 * 4 * 64 * 2
+    check("accounting: the KV cache is counted (1792 more tokens of context declare at "
+          "least 1792 tokens of KV cache more)", big[0] - small[0] >= (2048 - 256) * kv,
+          f"{small[0]} and {big[0]}")
+    check("accounting: the declared memory takes layers from the plan",
+          big[3] <= small[3] < idle, f"idle {idle}, {small[3]}, {big[3]}")
+    check("accounting: stratactl status shows it",
+          f"{big[1] / 1048576:.1f} MiB declared" in big[4], big[4])
+
+
 def case_fuse():
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
         print("skip fuse: needs /dev/fuse and root")
@@ -474,7 +555,7 @@ def case_fuse_kill():
 CASES = {"identical": case_identical, "share": case_share, "garbage": case_garbage,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
          "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse,
-         "fuse-kill": case_fuse_kill}
+         "fuse-kill": case_fuse_kill, "warm": case_warm, "accounting": case_accounting}
 
 for name in sys.argv[1:] or CASES:
     try:
