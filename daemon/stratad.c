@@ -2,6 +2,7 @@
  * stratad.c - the pager daemon's command line.
  *
  *   stratad --socket PATH [--budget SIZE] [--resident N] [--window N]
+ *           [--probe-io] [--io-cache FILE] [--io-chunk SIZE] [--io-depth N]
  *           [--verbose] MODEL.gguf...
  *
  * Everything it does lives in the pager library (pager/server.c); this file
@@ -18,7 +19,8 @@
 
 static const char usage_text[] =
 	"usage: stratad --socket PATH [--fuse DIR] [--budget SIZE] [--resident N]\n"
-	"               [--window N] [--verbose] MODEL.gguf...\n"
+	"               [--window N] [--probe-io] [--io-cache FILE] [--io-chunk SIZE]\n"
+	"               [--io-depth N] [--verbose] MODEL.gguf...\n"
 	"\n"
 	"  --socket PATH   unix socket clients connect to\n"
 	"  --fuse DIR      also show every model as a read-only file under DIR, for\n"
@@ -27,6 +29,12 @@ static const char usage_text[] =
 	"                  or with a K/M/G suffix (default: no limit, all resident)\n"
 	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
 	"  --window N      streamed layers read ahead (default 2)\n"
+	"  --probe-io      measure again which request size and depth read the\n"
+	"                  models' storage fastest (done once per device otherwise)\n"
+	"  --io-cache FILE where those measurements are kept\n"
+	"                  (default /var/cache/strata/io-probe, ~/.cache/... for users)\n"
+	"  --io-chunk SIZE read requests of SIZE (default: as measured)\n"
+	"  --io-depth N    N read requests in flight (default: as measured)\n"
 	"  --verbose       log every eviction and load\n"
 	"\n"
 	"Signals: TERM/INT stop, USR1 sheds a quarter of the resident layers,\n"
@@ -40,6 +48,10 @@ int main(int argc, char **argv)
 		{ "budget", required_argument, NULL, 'b' },
 		{ "resident", required_argument, NULL, 'r' },
 		{ "window", required_argument, NULL, 'w' },
+		{ "probe-io", no_argument, NULL, 'P' },
+		{ "io-cache", required_argument, NULL, 'C' },
+		{ "io-chunk", required_argument, NULL, 'K' },
+		{ "io-depth", required_argument, NULL, 'D' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -82,6 +94,28 @@ int main(int argc, char **argv)
 				cfg.resident = (int)v;
 			else
 				cfg.window = (unsigned)v;
+			break;
+		case 'P':
+			cfg.probe_io = true;
+			break;
+		case 'C':
+			cfg.io_cache = optarg;
+			break;
+		case 'K':
+			if (pager_parse_size(optarg, &cfg.io_chunk) || cfg.io_chunk < 4096 ||
+			    cfg.io_chunk % 4096 || cfg.io_chunk > (64u << 20)) {
+				fprintf(stderr, "stratad: invalid --io-chunk '%s' (4K to 64M, a multiple of 4K)\n",
+					optarg);
+				return 1;
+			}
+			break;
+		case 'D':
+			v = strtol(optarg, &end, 10);
+			if (*end || end == optarg || v < 1 || v > 256) {
+				fprintf(stderr, "stratad: invalid --io-depth '%s' (1 to 256)\n", optarg);
+				return 1;
+			}
+			cfg.io_depth = (unsigned)v;
 			break;
 		case 'v':
 			pager_set_log(NULL, PAGER_LOG_DEBUG);

@@ -5,6 +5,7 @@
 #define STRATA_IO_I_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct pager_io;
@@ -28,5 +29,37 @@ void pio_reap(struct pager_io *io, pio_done_fn done, void *arg);
 /* Wall time during which at least one read was in flight. */
 uint64_t pio_busy_ns(const struct pager_io *io);
 unsigned pio_inflight(const struct pager_io *io);
+
+/* ---- probe.c: the request size and depth a device reads fastest with ---- */
+
+#define PIO_DEFAULT_CHUNK (1u << 20)
+#define PIO_DEFAULT_DEPTH 16u
+#define PIO_MAX_CHUNK (64u << 20)
+#define PIO_MAX_DEPTH 256u
+
+struct pio_params {
+	uint64_t chunk;
+	unsigned depth;
+	double gbps;     /* read with them when measured; 0 if never */
+	int64_t when;    /* unix time of that measurement */
+	enum { PIO_DEFAULT, PIO_PROBED, PIO_CACHED, PIO_SET } source;
+};
+
+/* A device and file system, the key of the cache. */
+struct pio_device {
+	unsigned major, minor;
+	uint64_t fstype; /* statfs f_type */
+};
+
+/* Measure fd (open O_DIRECT, `size` bytes) in every configuration of the
+ * grid; the fastest in out.  -EFBIG when the file is too small to measure
+ * the device rather than its caches, or -errno. */
+int pio_probe(int fd, uint64_t size, struct pio_params *out);
+int pio_device_of(int fd, struct pio_device *dev);
+/* The cached entry for dev: 0, -ENOENT, or -errno reading the file. */
+int pio_cache_lookup(const char *path, const struct pio_device *dev, struct pio_params *out);
+/* Write (or replace) dev's entry; the file is replaced whole. */
+int pio_cache_store(const char *path, const struct pio_device *dev, const struct pio_params *p);
+void pio_cache_default(char *buf, size_t len);
 
 #endif

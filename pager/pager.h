@@ -53,6 +53,13 @@ struct pager_config {
 	unsigned n_models;
 	const char *const *models; /* GGUF paths */
 	const char *fuse_dir;      /* mount the models as files here; NULL: no */
+	/* Reads: request size and depth.  Both 0: as measured for the device
+	 * (probe.c), from the cache at io_cache (NULL: the default place) or,
+	 * with probe_io or no entry yet, measured now. */
+	uint64_t io_chunk;
+	unsigned io_depth;
+	const char *io_cache;
+	bool probe_io;
 };
 
 struct pager;

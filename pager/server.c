@@ -589,6 +589,71 @@ static int watch(struct pager *p, int fd, uint32_t events, uint64_t data)
 	return epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
+/*
+ * The reader's request size and queue depth: as measured for the device the
+ * largest model is on (probe.c: remembered per device, measured again with
+ * --probe-io), with what the command line sets taking precedence.  Small
+ * models cannot tell the device from its caches: they get the defaults.
+ */
+static void choose_io(struct pager *p)
+{
+	const struct model *big = &p->models[0];
+	struct pio_params probed;
+	struct pio_device dev;
+	int rc;
+
+	p->io_params = (struct pio_params){ .chunk = PIO_DEFAULT_CHUNK, .depth = PIO_DEFAULT_DEPTH,
+					    .source = PIO_DEFAULT };
+	if (p->cfg.io_cache)
+		snprintf(p->io_cache, sizeof(p->io_cache), "%s", p->cfg.io_cache);
+	else
+		pio_cache_default(p->io_cache, sizeof(p->io_cache));
+	for (unsigned i = 1; i < p->n_models; i++)
+		if (p->models[i].lay->file_size > big->lay->file_size)
+			big = &p->models[i];
+	if (p->cfg.io_chunk && p->cfg.io_depth) {
+		p->io_why = "set on the command line";
+	} else if ((rc = pio_device_of(big->fd, &dev))) {
+		p->io_why = "the model's device is unknown";
+	} else if (!p->cfg.probe_io && pio_cache_lookup(p->io_cache, &dev, &probed) == 0) {
+		p->io_params = probed;
+	} else {
+		pager_log(PAGER_LOG_NOTICE,
+			  "measuring how the storage under %s reads fastest (once per device)",
+			  big->name);
+		rc = pio_probe(big->fd, big->lay->file_size, &probed);
+		if (rc == -EFBIG) {
+			p->io_why = "the models are too small to measure the device";
+		} else if (rc) {
+			pager_log_errno(PAGER_LOG_WARNING, rc, "measuring the storage");
+			p->io_why = "measuring the device failed";
+		} else {
+			p->io_params = probed;
+			rc = pio_cache_store(p->io_cache, &dev, &probed);
+			if (rc)
+				pager_log_errno(PAGER_LOG_WARNING, rc, "%s: cannot remember the measurement",
+						p->io_cache);
+		}
+	}
+	if (p->cfg.io_chunk) {
+		p->io_params.chunk = p->cfg.io_chunk;
+		p->io_params.source = PIO_SET;
+	}
+	if (p->cfg.io_depth) {
+		p->io_params.depth = p->cfg.io_depth;
+		p->io_params.source = PIO_SET;
+	}
+	if (p->io_params.gbps > 0 && p->io_params.source != PIO_SET)
+		pager_log(PAGER_LOG_NOTICE, "reads: %g MiB requests, %u in flight (%.2f GB/s, %s)",
+			  p->io_params.chunk / 1048576.0, p->io_params.depth, p->io_params.gbps,
+			  p->io_params.source == PIO_PROBED ? "measured now"
+							    : "measured before; --probe-io measures again");
+	else
+		pager_log(PAGER_LOG_NOTICE, "reads: %g MiB requests, %u in flight (%s)",
+			  p->io_params.chunk / 1048576.0, p->io_params.depth,
+			  p->io_why ? p->io_why : "set on the command line");
+}
+
 int pager_create(const struct pager_config *cfg, struct pager **out, char *err, size_t errlen)
 {
 	struct pager *p = calloc(1, sizeof(*p));
@@ -615,18 +680,19 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	p->epfd = epoll_create1(EPOLL_CLOEXEC);
-	rc = pio_create(IO_DEPTH, IO_CHUNK, &p->io);
-	if (p->epfd < 0 || rc) {
-		snprintf(err, errlen, "io_uring: %s", strerror(rc ? -rc : errno));
-		goto fail;
-	}
 	for (unsigned i = 0; i < cfg->n_models; i++) {
 		p->models[i].idx = i;
 		rc = open_model(p, &p->models[i], cfg->models[i], err, errlen);
 		p->n_models = i + 1;
 		if (rc)
 			goto fail;
+	}
+	choose_io(p);
+	p->epfd = epoll_create1(EPOLL_CLOEXEC);
+	rc = pio_create(p->io_params.depth, p->io_params.chunk, &p->io);
+	if (p->epfd < 0 || rc) {
+		snprintf(err, errlen, "io_uring: %s", strerror(rc ? -rc : errno));
+		goto fail;
 	}
 	rc = bind_socket(p, err, errlen);
 	if (rc)

@@ -17,8 +17,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define IO_DEPTH 16
-#define IO_CHUNK (1u << 20)
 #define DEFAULT_WINDOW 2
 #define MAX_CLIENTS 256
 /* 150 ms stalled within 2 s (windows must be multiples of 2 s for
@@ -138,6 +136,9 @@ struct pager {
 	unsigned window;
 	int epfd, lfd, sfd, psifd;
 	struct pager_io *io;
+	struct pio_params io_params; /* the reader's request size and depth */
+	char io_cache[4096];         /* where they are remembered */
+	const char *io_why;          /* why the defaults, when they are used */
 	struct model *models;
 	unsigned n_models;
 	struct client *clients;

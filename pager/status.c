@@ -54,6 +54,7 @@ static const char *state_name(const struct model *m, unsigned u)
 }
 
 static const char *const pc_name[] = { "none", "some", "all but tripwire", "all" };
+static const char *const io_source[] = { "defaults", "probed", "cached", "set" };
 
 /* The mount's readers show once something read the model through it. */
 static bool reader_active(const struct model *m)
@@ -113,11 +114,35 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 	for (unsigned j = 0; j < p->n_models; j++)
 		read_all += p->models[j].bytes_read;
 
-	if (json)
+	const struct pio_params *io = &p->io_params;
+	double achieved = busy > 0 ? read_all / busy / 1e9 : 0;
+
+	if (json) {
 		sb(&s, "{\"pid\": %d, \"budget_bytes\": %llu, \"declared_bytes\": %llu, "
-		       "\"pressure_events\": %llu, \"models\": [",
+		       "\"pressure_events\": %llu, ",
 		   (int)getpid(), (unsigned long long)p->cfg.budget,
 		   (unsigned long long)pager_declared(p), (unsigned long long)p->pressure_events);
+		sb(&s, "\"io\": {\"chunk_bytes\": %llu, \"depth\": %u, \"source\": \"%s\", "
+		       "\"probed_gbps\": %.3f, \"probed_time\": %lld, \"cache\": \"",
+		   (unsigned long long)io->chunk, io->depth, io_source[io->source], io->gbps,
+		   (long long)io->when);
+		sb_json(&s, p->io_cache);
+		sb(&s, "\", \"bytes_read\": %llu, \"busy_ms\": %.3f, \"achieved_gbps\": %.3f}, "
+		       "\"models\": [",
+		   (unsigned long long)read_all, busy * 1e3, achieved);
+	} else {
+		sb(&s, "reads         %g MiB requests, %u in flight", io->chunk / 1048576.0, io->depth);
+		if (io->gbps > 0)
+			sb(&s, ": the fastest measured on this device, %.2f GB/s (%s)\n", io->gbps,
+			   io->source == PIO_PROBED ? "measured at start" : "measured before, remembered");
+		else
+			sb(&s, " (%s)\n", p->io_why ? p->io_why : io_source[io->source]);
+		sb(&s, "              %.1f MiB read at %.2f GB/s while reading", read_all / 1048576.0,
+		   achieved);
+		if (io->gbps > 0 && achieved > 0)
+			sb(&s, ", %.2f of the measured", achieved / io->gbps);
+		sb(&s, "\n");
+	}
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct model *m = &p->models[i];
 		uint64_t resident = 0;
@@ -196,8 +221,8 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			sb(&s, "%c", state_char(m, u));
 		sb(&s, "]  (R resident, L loaded, l loading, e evicting, . absent; other: %c)\n",
 		   state_char(m, 0));
-		sb(&s, "  read        %.1f MiB, %.0f MB/s while reading; fault wait %.1f ms\n",
-		   m->bytes_read / 1048576.0, tput, m->fault_wait_ns / 1e6);
+		sb(&s, "  read        %.1f MiB; fault wait %.1f ms\n", m->bytes_read / 1048576.0,
+		   m->fault_wait_ns / 1e6);
 		if (m->lay->sparse.len)
 			sb(&s, "  embedding   %.1f MiB, read a block at a time: %.1f MiB in memory\n",
 			   m->lay->sparse.len / 1048576.0, m->sparse_bytes / 1048576.0);

@@ -20,6 +20,10 @@
               resident still in memory: none is read again
   accounting  an engine's KV cache and buffers are declared, shown by stratactl
               and taken from the budget
+  io-probe    the reader's request size and depth: the defaults for models too
+              small to measure, set by hand, measured (--probe-io) and
+              remembered per device in the cache file, whose bad lines are
+              ignored
   shed        SIGUSR1 (the memory-pressure path) demotes resident layers while
               an engine runs; they are evicted, results stay bit-identical;
               SIGUSR2 restores them
@@ -457,6 +461,68 @@ def case_accounting():
           f"{big[1] / 1048576:.1f} MiB declared" in big[4], big[4])
 
 
+def device_key(path):
+    st = os.stat(path)
+    fs = subprocess.run(["stat", "-f", "-c", "%t", path], capture_output=True, text=True,
+                        check=True).stdout.strip()
+    return f"dev={os.major(st.st_dev)}:{os.minor(st.st_dev)} fs={fs}"
+
+
+def case_io_probe():
+    """The reader's request size and depth: measured once per device and
+    remembered, measured again on request, set by hand, or the defaults."""
+    cache = os.path.join(TMP, "io-probe")
+    tiny = os.path.join(FIX, "models", "tiny-llama-q4_0.gguf")
+    d = Daemon([tiny], "--io-cache", cache)
+    io = d.status()["io"]
+    d.stop()
+    check("io-probe: a model too small to measure the device gets the defaults",
+          io["source"] == "defaults" and io["chunk_bytes"] == 1 << 20 and io["depth"] == 16
+          and not os.path.exists(cache), str(io))
+    d = Daemon([tiny], "--io-cache", cache, "--io-chunk", "512K", "--io-depth", "8")
+    io = d.status()["io"]
+    d.stop()
+    check("io-probe: --io-chunk and --io-depth set them", io["source"] == "set" and
+          io["chunk_bytes"] == 512 << 10 and io["depth"] == 8, str(io))
+    # A cache written by hand: garbage and an out-of-range entry are ignored,
+    # the valid entry for this device is used.
+    key = device_key(tiny)
+    with open(cache, "w") as f:
+        f.write("garbage\n")
+        f.write(f"strata-io 1 {key} chunk=4194304 depth=8 gbps=1.500 time=1700000000\n")
+        f.write(f"strata-io 1 {key} chunk=3 depth=8 gbps=9.000 time=1700000001\n")
+        f.write("strata-io 1 dev=9999:1 fs=ef53 chunk=65536 depth=1 gbps=0.100 time=1\n")
+    d = Daemon([tiny], "--io-cache", cache)
+    io = d.status()["io"]
+    d.stop()
+    check("io-probe: a remembered measurement for the device is used; bad lines are ignored",
+          io["source"] == "cached" and io["chunk_bytes"] == 4 << 20 and io["depth"] == 8
+          and io["probed_gbps"] == 1.5, str(io))
+    # A model big enough to measure: --probe-io measures now and replaces
+    # this device's entry, keeping the other device's.
+    big = os.path.join(TMP, "probe-f16.gguf")
+    subprocess.run([MKMODEL, "--shape", "small", "--type", "f16", "--layers", "16", "-o", big],
+                   check=True, capture_output=True)
+    d = Daemon([big], "--io-cache", cache, "--probe-io")
+    io = d.status()["io"]
+    d.stop()
+    lines = open(cache).read().splitlines()
+    mine = [l for l in lines if device_key(big) in l]
+    check("io-probe: --probe-io measures the device", io["source"] == "probed" and
+          io["probed_gbps"] > 0 and io["chunk_bytes"] >= 256 << 10 and 1 <= io["depth"] <= 64,
+          str(io))
+    check("io-probe: the measurement replaces the device's entry and keeps the others",
+          len(mine) == 1 and f"chunk={io['chunk_bytes']} depth={io['depth']}" in mine[0] and
+          any("dev=9999:1" in l for l in lines) and not any("garbage" in l for l in lines),
+          "\n".join(lines))
+    d = Daemon([big], "--io-cache", cache)
+    io2 = d.status()["io"]
+    d.stop()
+    os.unlink(big)
+    check("io-probe: the next daemon remembers it", io2["source"] == "cached" and
+          (io2["chunk_bytes"], io2["depth"]) == (io["chunk_bytes"], io["depth"]), str(io2))
+
+
 def case_fuse():
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
         print("skip fuse: needs /dev/fuse and root")
@@ -555,7 +621,8 @@ def case_fuse_kill():
 CASES = {"identical": case_identical, "share": case_share, "garbage": case_garbage,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
          "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse,
-         "fuse-kill": case_fuse_kill, "warm": case_warm, "accounting": case_accounting}
+         "fuse-kill": case_fuse_kill, "warm": case_warm, "accounting": case_accounting,
+         "io-probe": case_io_probe}
 
 for name in sys.argv[1:] or CASES:
     try:
