@@ -57,7 +57,7 @@ static const char usage_text[] =
 	"           [-b BATCH]\n"
 	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
 	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [-b BATCH] [--json]\n"
-	"           [--no-hw]\n"
+	"           [--warmup N] [--no-hw]\n"
 	"\n"
 	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
 	"model through a running stratad instead of mmap.\n"
@@ -88,6 +88,7 @@ struct opts {
 	bool no_bos;
 	bool json;
 	bool no_hw;
+	long warmup;     /* bench: tokens decoded before measuring */
 	struct eng_sampler_config samp;
 	bool seen_n, seen_p;
 };
@@ -105,6 +106,7 @@ enum {
 	OPT_JSON,
 	OPT_PAGER,
 	OPT_NO_HW,
+	OPT_WARMUP,
 };
 
 static bool parse_long(const char *s, long lo, long hi, long *out)
@@ -156,6 +158,7 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "pager", required_argument, NULL, OPT_PAGER },
 		{ "no-hw", no_argument, NULL, OPT_NO_HW },
+		{ "warmup", required_argument, NULL, OPT_WARMUP },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -166,6 +169,7 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 
 	memset(o, 0, sizeof(*o));
 	o->n_predict = 128;
+	o->warmup = 1;
 	o->pager = getenv("STRATA_PAGER");
 	if (o->pager && !*o->pager)
 		o->pager = NULL;
@@ -249,6 +253,10 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			break;
 		case OPT_PAGER:
 			o->pager = optarg;
+			break;
+		case OPT_WARMUP:
+			if (!parse_long(optarg, 0, 1 << 16, &o->warmup))
+				goto bad;
 			break;
 		case OPT_NO_HW:
 			o->no_hw = true;
@@ -847,6 +855,7 @@ static int cmd_bench(int argc, char **argv)
 	bool mem_ok, io_ok;
 	double bound = 0, stream = 0, frac = 0, pair_frac = 0, pair_gbps = 0;
 	long n_pairs = 0;
+	double t_start = now_s(), cold_s = 0, first_s = 0;
 	int rc = parse_opts(argc, argv, "bench", &o);
 
 	if (rc)
@@ -874,6 +883,25 @@ static int cmd_bench(int argc, char **argv)
 	/* A fixed pseudo-random prompt: same work every run. */
 	for (long i = 0; i < o.n_prompt; i++)
 		ids[i] = (int32_t)((uint64_t)(i + 1) * 2654435761u % s.hp->n_vocab);
+	/* Warm-up (as llama-bench does): tokens decoded and discarded, so the
+	 * measured runs find the model in memory, as it is once a server or a
+	 * chat has run a while.  The first is the cold token, reported on its
+	 * own: its time is mostly the model coming into memory (faults, or the
+	 * pager's resident set still loading). */
+	for (long i = 0; i < o.warmup; i++) {
+		int32_t tok = (int32_t)(i % s.hp->n_vocab);
+
+		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx))
+			eng_ctx_reset(s.ctx);
+		t0 = now_s();
+		if (eng_decode(s.ctx, &tok, 1, logits, false))
+			goto fail;
+		if (i == 0) {
+			cold_s = now_s() - t0;
+			first_s = now_s() - t_start;
+		}
+	}
+	eng_ctx_reset(s.ctx);
 	t0 = now_s();
 	if (o.n_prompt && eng_decode(s.ctx, ids, (size_t)o.n_prompt, logits, false))
 		goto fail;
@@ -927,6 +955,11 @@ static int cmd_bench(int argc, char **argv)
 		       ", \"model_bytes\": %" PRIu64 ", \"token_weight_bytes\": %" PRIu64,
 		       o.n_prompt, o.n_predict, o.threads, pp_tps, tg_tps, rss, s.hp->weight_bytes,
 		       tok_bytes);
+		printf(", \"warmup\": %ld", o.warmup);
+		if (o.warmup) /* microseconds: a small model's token is well under 1 ms */
+			printf(", \"cold_token_s\": %.6f, \"first_token_s\": %.6f", cold_s, first_s);
+		else
+			printf(", \"cold_token_s\": null, \"first_token_s\": null");
 		json_num("mem_read_gbps", mem_ok, h.mem.gbps);
 		printf(", \"mem_read_threads\": %u", h.threads);
 		json_num("storage_read_gbps", io_ok, h.io.gbps);
@@ -947,6 +980,12 @@ static int cmd_bench(int argc, char **argv)
 	} else {
 		printf("model        %s (%s, %.1f MiB of weights)\n", o.model, s.hp->arch_name,
 		       s.hp->weight_bytes / 1048576.0);
+		if (o.warmup)
+			printf("cold token   %.3f s  (the first token after loading, %.3f s from the "
+			       "start; %ld warm-up token%s in all)\n",
+			       cold_s, first_s, o.warmup, o.warmup == 1 ? "" : "s");
+		else
+			printf("cold token   not measured (--warmup 0: the runs below start cold)\n");
 		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
 		printf("decode       %ld tokens  %.2f tok/s\n", o.n_predict, tg_tps);
 		printf("peak RSS     %.1f MiB\n", rss / 1048576.0);

@@ -98,6 +98,27 @@ PY
 check "bench: pairs limited by the context, none with --no-hw" $?
 
 num='[0-9]+(\.[0-9]+)?'
+
+# --warmup N: N tokens decoded before measuring (default 1), the first of
+# them reported as the cold token; more warm-up tokens than the context
+# holds; 0 reports none; a negative count is a usage error.
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --no-hw --json >"$T/w1.json" &&
+	"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 -c 16 --warmup 40 --no-hw --json >"$T/w40.json" &&
+	"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --warmup 0 --no-hw --json >"$T/w0.json" &&
+	python3 - "$T/w1.json" "$T/w40.json" "$T/w0.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["warmup"] == 1 and 0 < d["cold_token_s"] <= d["first_token_s"], d
+d = json.load(open(sys.argv[2]))
+assert d["warmup"] == 40 and d["cold_token_s"] > 0 and d["decode_tps"] > 0, d
+d = json.load(open(sys.argv[3]))
+assert d["warmup"] == 0 and d["cold_token_s"] is None and d["first_token_s"] is None, d
+PY
+check "bench --warmup: cold token, warm-up beyond the context, none" $?
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --no-hw >"$T/w.txt" &&
+	grep -Eq "^cold token +$num s +\(the first token after loading" "$T/w.txt"
+check "bench: cold token line" $?
+expect "usage: negative --warmup" 1 "$S" bench -m "$F/models/stories260K.gguf" --warmup -1
 "$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 >"$T/b.txt" 2>"$T/err"
 check "bench: exit 0" $?
 grep -Eq "^memory read  $num GB/s  \([0-9]+ threads" "$T/b.txt" &&
