@@ -7,8 +7,8 @@
 Without --model it makes (once) an 8B-shaped Q4_0 model with strata-mkmodel
 under /var/tmp/strata-bench.  Each repetition measures, side by side:
 
-  storage   O_DIRECT read bandwidth of the model file (strata-iobench: the
-            pager's own chunk size and queue depth)
+  storage   O_DIRECT read bandwidth of the model file (strata-iobench with
+            the request size and depth stratad measured for the device)
   plain     `strata bench` on a plain mmap of the file (page cache warm, the
             whole model resident): the engine's own speed, and from it the
             compute time per token
@@ -17,8 +17,10 @@ under /var/tmp/strata-bench.  Each repetition measures, side by side:
 
 and prints per configuration the median prompt (--prompt tokens) and decode
 tokens/s, the prompt speed against plain's, the decode bound
-1 / max(compute time, streamed bytes per token / storage bandwidth), and the
-ratio.  --cgroup adds runs inside a memory cgroup limited to half the model
+1 / max(compute time, streamed bytes per token / storage bandwidth), the
+ratio, and the read bandwidth the daemon achieved during the run (bytes read
+over the time reads were in flight, from its status before and after)
+against the storage bandwidth.  --cgroup adds runs inside a memory cgroup limited to half the model
 + 64 MiB: stratad --budget (half the model) serving the engine through
 userfaultfd, the same serving a plain mmap of its FUSE mount, and a plain
 mmap of the original file; it reports their speeds and peak usage.
@@ -65,6 +67,11 @@ def drop_caches():
         pass
 
 
+def io_status():
+    r = subprocess.run([CTL, "--socket", sock, "status", "--json"], capture_output=True, text=True)
+    return json.loads(r.stdout)["io"]
+
+
 def bench(extra, pre=None, path=None):
     # --no-hw: the machine is measured here once (strata-iobench), not per run
     r = subprocess.run([STRATA, "bench", "-m", path or model, "-p", str(a.prompt), "-n", str(a.tokens),
@@ -109,14 +116,21 @@ def stop(p):
 
 fractions = [float(x) for x in a.fractions.split(",") if x]
 rows = {f: [] for f in fractions}
+achieved = {f: [] for f in fractions}
 prompt_rows = {f: [] for f in fractions}
+achieved = {f: [] for f in fractions}
 plain_prompt = []
 plain, storage, streamed = [], [], {}
 n_layers = None
 for rep in range(a.reps):
     drop_caches()
-    storage.append(json.loads(subprocess.run([IOB, model], capture_output=True, text=True,
-                                             check=True).stdout)["gbps"])
+    if rep == 0:  # the daemon's request size and depth for this device
+        p = daemon(["--resident", "0"])
+        io = io_status()
+        stop(p)
+    storage.append(json.loads(subprocess.run(
+        [IOB, "--chunk", str(io["chunk_bytes"]), "--depth", str(io["depth"]), model],
+        capture_output=True, text=True, check=True).stdout)["gbps"])
     bench([])  # warm the page cache: the plain run measures a resident model
     r = bench([])
     plain.append(r["decode_tps"])
@@ -131,7 +145,11 @@ for rep in range(a.reps):
         p = daemon(["--resident", str(n)])
         st = status()
         streamed[f] = sum(l["bytes"] for l in st["layers"] if l["state"] != "resident")
+        io0 = io_status()
         r = bench(["--pager", sock])
+        io1 = io_status()
+        busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
+        achieved[f].append((io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy else 0)
         rows[f].append(r["decode_tps"])
         prompt_rows[f].append(r["prompt_tps"])
         stop(p)
@@ -144,23 +162,28 @@ compute = 1 / tps_plain
 size = os.path.getsize(model)
 print(f"Model: `{os.path.basename(model)}`, {size / 2**30:.2f} GiB, {n_layers} layers; "
       f"{a.reps} repetitions, {a.tokens} decoded tokens each, medians.\n")
-print(f"- storage read bandwidth (strata-iobench, O_DIRECT, 1 MiB x 16): {bw / 1e9:.2f} GB/s "
+print(f"- storage read bandwidth (strata-iobench, O_DIRECT, {io['chunk_bytes'] >> 10} KiB x "
+      f"{io['depth']}, the daemon's measured best for the device, {io['probed_gbps']:.2f} GB/s "
+      f"when measured): {bw / 1e9:.2f} GB/s "
       f"(runs: {', '.join(f'{x:.2f}' for x in storage)})")
 print(f"- engine without the pager (plain mmap, resident): {tps_plain:.3f} tok/s "
       f"(runs: {', '.join(f'{x:.3f}' for x in plain)}); compute time {compute * 1000:.0f} ms/token\n")
 print(f"- prompt processing without the pager: {statistics.median(plain_prompt):.3f} tok/s "
       f"({a.prompt} tokens, batches of {a.batch or 256})\n")
 print("| resident | streamed/token | decode tok/s (runs) | bound tok/s | ratio | "
-      "prompt tok/s | prompt vs plain |")
-print("|---|---|---|---|---|---|---|")
+      "prompt tok/s | prompt vs plain | reads GB/s (runs) | reads / storage |")
+print("|---|---|---|---|---|---|---|---|---|")
 for f in fractions:
     t = statistics.median(rows[f])
     bound = 1 / max(compute, streamed[f] / bw)
     runs = ", ".join(f"{x:.3f}" for x in rows[f])
     note = " (vs plain)" if streamed[f] == 0 else ""
     pt = statistics.median(prompt_rows[f])
+    ach = statistics.median(achieved[f])
+    aruns = ", ".join(f"{x:.2f}" for x in achieved[f])
     print(f"| {f:.0%} | {streamed[f] / 2**30:.2f} GiB | {t:.3f} ({runs}) | {bound:.3f} | "
-          f"{t / bound:.2f}{note} | {pt:.3f} | {pt / statistics.median(plain_prompt):.2f} |")
+          f"{t / bound:.2f}{note} | {pt:.3f} | {pt / statistics.median(plain_prompt):.2f} | "
+          + (f"{ach:.2f} ({aruns}) | {ach * 1e9 / bw:.2f} |" if streamed[f] else "- | - |"))
 
 if a.cgroup:
     # Budget half the model; the cgroup's limit adds 64 MiB for the engine's

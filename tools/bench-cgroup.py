@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""strata through stratad against llama.cpp on a plain mmap, inside one memory cgroup.
+
+  tools/bench-cgroup.py --model M.gguf [--model M2.gguf ...] --llama-bench PATH
+                        [--limit 2560M] [--budget SIZE] [--reps 3] [--tokens 8]
+
+The device is emulated by a memory cgroup (v1) of --limit bytes.  Per model
+and repetition, interleaved (strata, then llama.cpp, then the next model):
+
+  strata    stratad --budget (default: the limit less 96 MiB) started inside
+            the cgroup, and, once its resident layers are in memory,
+            `strata bench --pager -p 0 -n TOKENS` inside it too (one warm-up
+            token first, as llama-bench does).  The daemon's status before
+            and after gives the read bandwidth achieved while streaming.
+  llama     llama.cpp's `llama-bench -p 0 -n TOKENS -r 1` inside the cgroup,
+            reading the file through the page cache (build it with
+            GGML_CPU_AARCH64=OFF: with Q4_0 repacking on, it copies the whole
+            model into its own memory at load and cannot run in the limit).
+
+The page cache is dropped before every run.  Prints a markdown table of
+medians (decode tok/s, strata / llama.cpp), per-run values, the cgroup's
+peak usage and failcnt, and the storage bandwidth the daemon measured for
+the device.  Needs root (cgroup, drop_caches).
+"""
+import argparse, json, os, signal, statistics, subprocess, sys, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B = os.path.join(ROOT, "build")
+STRATA, STRATAD = os.path.join(B, "strata"), os.path.join(B, "daemon", "stratad")
+CTL = os.path.join(B, "tools", "stratactl")
+CG = "/sys/fs/cgroup/memory"
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", action="append", required=True)
+ap.add_argument("--llama-bench", required=True)
+ap.add_argument("--limit", default="2560M")
+ap.add_argument("--budget", default="", help="stratad --budget (default: limit - 96 MiB)")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--tokens", type=int, default=8)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--window", type=int, default=0)
+a = ap.parse_args()
+
+
+def size(s):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
+
+
+limit = size(a.limit)
+budget = size(a.budget) if a.budget else limit - (96 << 20)
+sock = f"/tmp/strata-bench-cg-{os.getpid()}.sock"
+
+
+def drop_caches():
+    subprocess.run(["sync"])
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+class Cgroup:
+    def __init__(self):
+        self.path = os.path.join(CG, f"strata-bench-{os.getpid()}")
+        os.mkdir(self.path)
+        self.write("memory.limit_in_bytes", limit)
+
+    def write(self, name, v):
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(str(v))
+
+    def read(self, name):
+        return int(open(os.path.join(self.path, name)).read())
+
+    def enter(self):
+        self.write("cgroup.procs", os.getpid())
+
+    def remove(self):
+        os.rmdir(self.path)
+
+
+def status():
+    r = subprocess.run([CTL, "--socket", sock, "status", "--json"], capture_output=True, text=True)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def run_strata(model, cg):
+    win = ["--window", str(a.window)] if a.window else []
+    d = subprocess.Popen([STRATAD, "--socket", sock, "--budget", str(budget), *win, model],
+                         stderr=subprocess.PIPE, text=True, preexec_fn=cg.enter)
+    end = time.monotonic() + 180
+    while time.monotonic() < end:
+        st = status()
+        if st:
+            m = st["models"][0]
+            if sum(l["state"] == "resident" for l in m["layers"]) == m["resident_layers_planned"]:
+                break
+        if d.poll() is not None:
+            sys.exit("stratad exited: " + d.stderr.read())
+        time.sleep(0.05)  # polling a condition with a deadline
+    before = status()
+    r = subprocess.run([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
+                        str(a.tokens), "-c", "64", "-b", "32", "-t", str(a.threads), "--no-hw",
+                        "--json"], capture_output=True, text=True, preexec_fn=cg.enter)
+    after = status()
+    d.send_signal(signal.SIGTERM)
+    d.wait(30)
+    if r.returncode:
+        sys.exit("strata bench failed: " + r.stderr)
+    j = json.loads(r.stdout)
+    io0, io1 = before["io"], after["io"]
+    busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
+    m = after["models"][0]
+    return {"tps": j["decode_tps"], "cold": j["cold_token_s"],
+            "gbps": (io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy > 0 else 0,
+            "probed": io1["probed_gbps"], "io": f"{io1['chunk_bytes'] >> 10} KiB x {io1['depth']}",
+            "planned": m["resident_layers_planned"], "layers": len(m["layers"]),
+            "pressure": after["pressure_events"]}
+
+
+def run_llama(model, cg):
+    r = subprocess.run([a.llama_bench, "-m", model, "-p", "0", "-n", str(a.tokens), "-r", "1",
+                        "-t", str(a.threads), "-o", "json"], capture_output=True, text=True,
+                       preexec_fn=cg.enter)
+    if r.returncode:
+        sys.exit("llama-bench failed: " + r.stderr[-2000:])
+    return {"tps": json.loads(r.stdout)[0]["avg_ts"]}
+
+
+def runs(rows):
+    return ", ".join(f"{x['tps']:.3f}" for x in rows)
+
+
+res = {m: {"strata": [], "llama": []} for m in a.model}
+for rep in range(a.reps):
+    for m in a.model:
+        for who, fn in (("strata", run_strata), ("llama", run_llama)):
+            drop_caches()
+            cg = Cgroup()
+            try:
+                r = fn(m, cg)
+                r["peak"] = cg.read("memory.max_usage_in_bytes")
+                r["failcnt"] = cg.read("memory.failcnt")
+            finally:
+                cg.remove()
+            res[m][who].append(r)
+            print(f"rep {rep + 1} {os.path.basename(m)} {who}: {r['tps']:.3f} tok/s" +
+                  (f", reads {r['gbps']:.2f} GB/s (probed {r['probed']:.2f})"
+                   if who == "strata" else "") +
+                  f", peak {r['peak'] >> 20} MiB", file=sys.stderr)
+
+print(f"Memory cgroup limit {limit >> 20} MiB; stratad --budget {budget >> 20} MiB; "
+      f"{a.tokens} decoded tokens per run, {a.threads} threads; {a.reps} interleaved "
+      f"repetitions, medians.\n")
+print("| model | strata tok/s (runs) | llama.cpp tok/s (runs) | strata / llama.cpp | "
+      "strata reads GB/s (probed) | resident layers | peak MiB strata / llama.cpp |")
+print("|---|---|---|---|---|---|---|")
+for m in a.model:
+    s, l = res[m]["strata"], res[m]["llama"]
+    ms, ml = statistics.median(x["tps"] for x in s), statistics.median(x["tps"] for x in l)
+    g = statistics.median(x["gbps"] for x in s)
+    print(f"| {os.path.basename(m)} | {ms:.3f} ({runs(s)}) | {ml:.3f} ({runs(l)}) | {ms / ml:.2f} | "
+          f"{g:.2f} ({s[0]['probed']:.2f}, {s[0]['io']}) | {s[0]['planned']} of {s[0]['layers']} | "
+          f"{max(x['peak'] for x in s) >> 20} / {max(x['peak'] for x in l) >> 20} |")
+print("\nfailcnt (times the cgroup hit its limit), max per engine: " +
+      ", ".join(f"{os.path.basename(m)} strata {max(x['failcnt'] for x in res[m]['strata'])} "
+                f"llama.cpp {max(x['failcnt'] for x in res[m]['llama'])}" for m in a.model) +
+      "; daemon pressure events: " +
+      ", ".join(str(max(x["pressure"] for x in res[m]["strata"])) for m in a.model))
