@@ -7,8 +7,11 @@
 Without --model it makes (once) an 8B-shaped Q4_0 model with strata-mkmodel
 under /var/tmp/strata-bench.  Each repetition measures, side by side:
 
-  storage   O_DIRECT read bandwidth of the model file (strata-iobench with
-            the request size and depth stratad measured for the device)
+  storage   the best read bandwidth of the model file's device, as stratad
+            measures it (`--probe-io`: O_DIRECT, fresh memory, the request
+            size and depth that read fastest), measured again in every
+            repetition into a cache file of the run's own, which the pager
+            runs of that repetition then read (so they use what it found)
   plain     `strata bench` on a plain mmap of the file (page cache warm, the
             whole model resident): the engine's own speed, and from it the
             compute time per token
@@ -32,7 +35,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B = os.path.join(ROOT, "build")
 STRATA, STRATAD = os.path.join(B, "strata"), os.path.join(B, "daemon", "stratad")
 CTL, MK = os.path.join(B, "tools", "stratactl"), os.path.join(B, "tools", "strata-mkmodel")
-IOB = os.path.join(B, "tools", "strata-iobench")
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model")
@@ -87,11 +89,14 @@ def status():
     return json.loads(r.stdout)["models"][0] if r.returncode == 0 else None
 
 
+io_cache = f"/tmp/strata-bench-io-{os.getpid()}"
+
+
 def daemon(args, pre=None, opened=None):
     """stratad, once its resident layers are in memory.  opened: a file in its
     mount to open first (the mount fills a file's page cache once opened)."""
-    p = subprocess.Popen([STRATAD, "--socket", sock, *args, model], stderr=subprocess.DEVNULL,
-                         preexec_fn=pre)
+    p = subprocess.Popen([STRATAD, "--socket", sock, "--io-cache", io_cache, *args, model],
+                         stderr=subprocess.DEVNULL, preexec_fn=pre)
     end = time.monotonic() + 120
     while opened and time.monotonic() < end:
         try:
@@ -115,22 +120,20 @@ def stop(p):
 
 
 fractions = [float(x) for x in a.fractions.split(",") if x]
+probed_io = []
 rows = {f: [] for f in fractions}
 achieved = {f: [] for f in fractions}
 prompt_rows = {f: [] for f in fractions}
-achieved = {f: [] for f in fractions}
 plain_prompt = []
 plain, storage, streamed = [], [], {}
 n_layers = None
 for rep in range(a.reps):
     drop_caches()
-    if rep == 0:  # the daemon's request size and depth for this device
-        p = daemon(["--resident", "0"])
-        io = io_status()
-        stop(p)
-    storage.append(json.loads(subprocess.run(
-        [IOB, "--chunk", str(io["chunk_bytes"]), "--depth", str(io["depth"]), model],
-        capture_output=True, text=True, check=True).stdout)["gbps"])
+    p = daemon(["--resident", "0", "--probe-io"])
+    io = io_status()
+    stop(p)
+    storage.append(io["probed_gbps"])
+    probed_io.append(f"{io['chunk_bytes'] >> 10} KiB x {io['depth']}")
     bench([])  # warm the page cache: the plain run measures a resident model
     r = bench([])
     plain.append(r["decode_tps"])
@@ -162,9 +165,8 @@ compute = 1 / tps_plain
 size = os.path.getsize(model)
 print(f"Model: `{os.path.basename(model)}`, {size / 2**30:.2f} GiB, {n_layers} layers; "
       f"{a.reps} repetitions, {a.tokens} decoded tokens each, medians.\n")
-print(f"- storage read bandwidth (strata-iobench, O_DIRECT, {io['chunk_bytes'] >> 10} KiB x "
-      f"{io['depth']}, the daemon's measured best for the device, {io['probed_gbps']:.2f} GB/s "
-      f"when measured): {bw / 1e9:.2f} GB/s "
+print(f"- storage read bandwidth (stratad --probe-io: the best it found, in each repetition; "
+      f"with {', '.join(probed_io)}): {bw / 1e9:.2f} GB/s "
       f"(runs: {', '.join(f'{x:.2f}' for x in storage)})")
 print(f"- engine without the pager (plain mmap, resident): {tps_plain:.3f} tok/s "
       f"(runs: {', '.join(f'{x:.3f}' for x in plain)}); compute time {compute * 1000:.0f} ms/token\n")
@@ -247,3 +249,6 @@ if a.cgroup:
         print(f"| {names[w]} | {med[w]:.3f} ({runs}) | {peak / 2**20:.0f} "
               f"({'under' if peak < limit else 'OVER'}) | {max(fails[w])} | "
               f"{med[w] / med['uffd']:.2f} | {med[w] / med['plain']:.2f} |")
+
+if os.path.exists(io_cache):
+    os.unlink(io_cache)
