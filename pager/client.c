@@ -13,6 +13,19 @@
  * we keep our copy and a watchdog thread polls the socket: EOF (the daemon
  * died or dropped us) calls on_lost, which must end the process.  The poll
  * wakes at once on EOF, well within the one second the engine may take.
+ *
+ * The watchdog also carries out the daemon's REMAPs: the daemon reads streamed
+ * layers into a few reused slots of a second memfd (residency.c), so the
+ * range of such a layer must show that slot while the layer is in it, and
+ * the model's memfd again afterwards.  Each range is mapped afresh at a
+ * spare address, registered with the uffd there, and moved into place with
+ * one mremap(MREMAP_FIXED), so an engine thread touching it sees either the
+ * old mapping or the new one, registered, and never a slot's stale page.
+ * (The uffd asks for UFFD_FEATURE_EVENT_REMAP, without which mremap would
+ * drop the registration.)  Such an mremap waits until the daemon has read
+ * the event from the uffd: a dead daemon never will.  So the remaps run on a
+ * thread of their own, fed by the watchdog, which stays free to see the
+ * daemon's EOF or ERROR and end the process.
  */
 #include "pager.h"
 #include "proto_i.h"
@@ -33,14 +46,30 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+struct remap_job {
+	struct remap_job *next;
+	uint32_t len;
+	uint8_t payload[];
+};
+
 struct pager_client {
 	int sock;
 	int uffd;
+	int memfd;      /* the model's, kept for REMAPs back to it */
+	int slotfd;     /* the streaming slots, -1 without */
+	uint64_t slots_size;
 	int stopfd; /* eventfd: tells the watchdog to go quietly */
 	void *base;
 	size_t map_size;
 	pthread_t watchdog;
 	bool watching;
+	/* REMAPs, from the watchdog to the remapper thread, in order */
+	pthread_t remapper;
+	bool remapping;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct remap_job *jobs, **jobs_tail;
+	bool stopping;
 	void (*on_lost)(const char *why);
 };
 
@@ -164,10 +193,114 @@ static void default_lost(const char *why)
 	_exit(2);
 }
 
+/* Map [base + off, + len) again from the slots (from) or the model (from =
+ * PROTO_FROM_MODEL), registered with our uffd; see the top of the file. */
+static int remap(struct pager_client *c, uint64_t off, uint64_t len, uint64_t from)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	bool model = from == PROTO_FROM_MODEL;
+	void *tmp, *to;
+
+	if (!len || off % page || len % page || off > c->map_size || len > c->map_size - off ||
+	    (!model && (from % page || c->slotfd < 0 || from > c->slots_size ||
+			len > c->slots_size - from)))
+		return -EPROTO;
+	tmp = mmap(NULL, len, PROT_READ, MAP_SHARED, model ? c->memfd : c->slotfd,
+		   (off_t)(model ? off : from));
+	if (tmp == MAP_FAILED)
+		return -errno;
+	struct uffdio_register ur = {
+		.range = { .start = (uint64_t)(uintptr_t)tmp, .len = len },
+		.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR,
+	};
+	if (ioctl(c->uffd, UFFDIO_REGISTER, &ur) < 0) {
+		int e = -errno;
+
+		munmap(tmp, len);
+		return e;
+	}
+	to = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (uint8_t *)c->base + off);
+	if (to == MAP_FAILED) {
+		int e = -errno;
+
+		munmap(tmp, len);
+		return e;
+	}
+	return 0;
+}
+
+/* A REMAP: carry out every range, then say so.  A failure leaves this
+ * process unable to tell which bytes it would read: it ends. */
+static void on_remap(struct pager_client *c, const uint8_t *pl, uint32_t len)
+{
+	uint8_t ack[PROTO_REMAPPED_SIZE];
+	uint32_t n = len >= PROTO_REMAP_FIXED ? proto_get_u32(pl + 4) : 0;
+	static char why[200];
+
+	if (n == 0 || n > PROTO_REMAP_MAX || len != PROTO_REMAP_FIXED + n * PROTO_REMAP_RANGE)
+		c->on_lost("the pager sent a malformed REMAP");
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *r = pl + PROTO_REMAP_FIXED + i * PROTO_REMAP_RANGE;
+		int rc = remap(c, proto_get_u64(r), proto_get_u64(r + 8), proto_get_u64(r + 16));
+
+		if (rc) {
+			snprintf(why, sizeof(why), "cannot map a streamed layer: %s", strerror(-rc));
+			c->on_lost(why);
+		}
+	}
+	memcpy(ack, pl, 4);
+	/* A failed send is a daemon gone or dropping us: the watchdog sees
+	 * the socket close, with the daemon's reason if it gave one. */
+	proto_send(c->sock, PROTO_REMAPPED, ack, sizeof(ack), -1);
+}
+
+static void *remapper(void *arg)
+{
+	struct pager_client *c = arg;
+
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		struct remap_job *j;
+
+		while (!c->jobs && !c->stopping)
+			pthread_cond_wait(&c->cond, &c->lock);
+		if (c->stopping)
+			break;
+		j = c->jobs;
+		c->jobs = j->next;
+		if (!c->jobs)
+			c->jobs_tail = &c->jobs;
+		pthread_mutex_unlock(&c->lock);
+		on_remap(c, j->payload, j->len);
+		free(j);
+		pthread_mutex_lock(&c->lock);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+/* Hand a REMAP to the remapper thread. */
+static void queue_remap(struct pager_client *c, const uint8_t *pl, uint32_t len)
+{
+	struct remap_job *j = malloc(sizeof(*j) + len);
+
+	if (!j)
+		c->on_lost("out of memory");
+	j->next = NULL;
+	j->len = len;
+	memcpy(j->payload, pl, len);
+	pthread_mutex_lock(&c->lock);
+	*c->jobs_tail = j;
+	c->jobs_tail = &j->next;
+	pthread_cond_signal(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
 static void *watchdog(void *arg)
 {
 	struct pager_client *c = arg;
 	struct pollfd pfd[2] = { { c->sock, POLLIN | POLLRDHUP, 0 }, { c->stopfd, POLLIN, 0 } };
+	uint8_t buf[PROTO_HDR_SIZE + PROTO_REMAP_FIXED + PROTO_REMAP_MAX * PROTO_REMAP_RANGE + 512];
 
 	for (;;) {
 		if (poll(pfd, 2, -1) < 0) {
@@ -177,21 +310,34 @@ static void *watchdog(void *arg)
 		}
 		if (pfd[1].revents)
 			return NULL;
-		if (pfd[0].revents) {
-			/* The daemon never speaks after READY unless it drops
-			 * us; any event here means the session is over. */
-			char buf[512];
-			ssize_t n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT);
+		if (!pfd[0].revents)
+			continue;
+		/* After READY the daemon sends REMAPs, and ERROR when it
+		 * drops us; anything else, and EOF, end the session. */
+		ssize_t n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT);
 
-			if (n > PROTO_HDR_SIZE + 4 && buf[6] == PROTO_ERROR) {
+		/* ECONNRESET: the daemon closed with our REMAPPEDs unread; it is
+		 * reported once, before the messages it sent us still queued
+		 * (its ERROR, maybe): read on. */
+		if (n < 0 && (errno == EAGAIN || errno == EINTR || errno == ECONNRESET))
+			continue;
+		if (n >= PROTO_HDR_SIZE && proto_get_u32(buf) == PROTO_MAGIC &&
+		    proto_get_u32(buf + 8) == (uint64_t)n - PROTO_HDR_SIZE) {
+			uint16_t type = (uint16_t)(buf[6] | buf[7] << 8);
+
+			if (type == PROTO_REMAP) {
+				queue_remap(c, buf + PROTO_HDR_SIZE, (uint32_t)(n - PROTO_HDR_SIZE));
+				continue;
+			}
+			if (type == PROTO_ERROR && n > PROTO_HDR_SIZE + 4) {
 				static char why[400];
 
 				snprintf(why, sizeof(why), "the pager dropped this engine: %.*s",
 					 (int)(n - PROTO_HDR_SIZE - 4), buf + PROTO_HDR_SIZE + 4);
 				c->on_lost(why);
 			}
-			c->on_lost("pager daemon died (its connection closed)");
 		}
+		c->on_lost("pager daemon died (its connection closed)");
 	}
 }
 
@@ -210,7 +356,10 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	c->sock = c->uffd = c->stopfd = -1;
+	c->sock = c->uffd = c->stopfd = c->memfd = c->slotfd = -1;
+	c->jobs_tail = &c->jobs;
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
 	c->on_lost = cfg->on_lost ? cfg->on_lost : default_lost;
 	if (name_len > PROTO_MAX_NAME) {
 		snprintf(err, errlen, "model name too long");
@@ -247,6 +396,19 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	}
 	file_size = proto_get_u64(mp);
 	c->map_size = proto_get_u64(mp + 8);
+	c->slots_size = proto_get_u64(mp + 32);
+	if (c->slots_size) {
+		uint8_t none[1];
+
+		rc = recv_msg(c->sock, PROTO_SLOTS, none, sizeof(none), &len, &c->slotfd, err, errlen);
+		if (rc)
+			goto fail;
+		if (c->slotfd < 0) {
+			snprintf(err, errlen, "malformed SLOTS message from the daemon");
+			rc = -EPROTO;
+			goto fail;
+		}
+	}
 	if (file_size == 0 || file_size > c->map_size || c->map_size > (uint64_t)SIZE_MAX ||
 	    c->map_size % (uint64_t)sysconf(_SC_PAGESIZE)) {
 		snprintf(err, errlen, "the daemon sent impossible sizes");
@@ -254,7 +416,7 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 		goto fail;
 	}
 	c->base = mmap(NULL, c->map_size, PROT_READ, MAP_SHARED, memfd, 0);
-	close(memfd);
+	c->memfd = memfd;
 	memfd = -1;
 	if (c->base == MAP_FAILED) {
 		c->base = NULL;
@@ -273,7 +435,9 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 		snprintf(err, errlen, "userfaultfd: %s", strerror(errno));
 		goto fail;
 	}
-	struct uffdio_api api = { .api = UFFD_API, .features = UFFD_FEATURE_MINOR_SHMEM };
+	/* EVENT_REMAP keeps the registration of a range REMAP moves into place */
+	struct uffdio_api api = { .api = UFFD_API,
+				  .features = UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_EVENT_REMAP };
 	if (ioctl(c->uffd, UFFDIO_API, &api) < 0) {
 		rc = -errno;
 		snprintf(err, errlen, "userfaultfd: no shmem minor faults on this kernel: %s",
@@ -301,6 +465,12 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 		goto fail;
 
 	c->stopfd = eventfd(0, EFD_CLOEXEC);
+	if (pthread_create(&c->remapper, NULL, remapper, c)) {
+		rc = -EAGAIN;
+		snprintf(err, errlen, "cannot start the pager's remapping thread");
+		goto fail;
+	}
+	c->remapping = true;
 	if (c->stopfd < 0 || pthread_create(&c->watchdog, NULL, watchdog, c)) {
 		rc = -EAGAIN;
 		snprintf(err, errlen, "cannot start the pager watchdog");
@@ -338,6 +508,21 @@ void pager_client_close(struct pager_client *c)
 		if (write(c->stopfd, &one, sizeof(one)) == sizeof(one))
 			pthread_join(c->watchdog, NULL);
 	}
+	if (c->remapping) {
+		pthread_mutex_lock(&c->lock);
+		c->stopping = true;
+		pthread_cond_signal(&c->cond);
+		pthread_mutex_unlock(&c->lock);
+		pthread_join(c->remapper, NULL);
+	}
+	while (c->jobs) {
+		struct remap_job *j = c->jobs;
+
+		c->jobs = j->next;
+		free(j);
+	}
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->cond);
 	if (c->base)
 		munmap(c->base, c->map_size);
 	if (c->uffd >= 0)
@@ -346,6 +531,10 @@ void pager_client_close(struct pager_client *c)
 		close(c->sock);
 	if (c->stopfd >= 0)
 		close(c->stopfd);
+	if (c->memfd >= 0)
+		close(c->memfd);
+	if (c->slotfd >= 0)
+		close(c->slotfd);
 	free(c);
 }
 

@@ -6,9 +6,8 @@
  * leave another (or a virtual disk) at half its speed, and the best request
  * size and depth are found only by trying.  pio_probe() reads the model file
  * itself the way the pager does: O_DIRECT through io_uring, each request
- * straight to the ring's workers, into fresh pages of a memfd (punched after
- * each measurement), so the cost of allocating and zeroing those pages,
- * which larger requests amortize better, is part of what is measured.  Every
+ * straight to the ring's workers, into pages of a memfd that exist already,
+ * as the streaming slots' pages do (residency.c).  Every
  * configuration of a small grid (request sizes 256 KiB to 16 MiB, depths 2 to
  * 64, at most 64 MiB in flight) reads 256 MiB, from a cursor that moves
  * through the file so no configuration re-reads what another just read
@@ -66,11 +65,11 @@ _Static_assert(16ull * 4 << 20 <= PROBE_INFLIGHT && 256ull * 64 << 10 <= PROBE_I
 	       "the grid's largest configurations");
 
 /*
- * Read PROBE_BYTES of fd into buf (a mapping of memfd mfd) in requests of
+ * Read PROBE_BYTES of fd into buf (a mapping of a memfd) in requests of
  * `chunk`, `depth` at a time, starting at *cursor and wrapping before
  * `span`; the bandwidth in GB/s.
  */
-static int measure(struct io_uring *ring, int fd, int mfd, uint8_t *buf, uint64_t chunk,
+static int measure(struct io_uring *ring, int fd, uint8_t *buf, uint64_t chunk,
 		   unsigned depth, uint64_t span, uint64_t *cursor, double *gbps)
 {
 	uint64_t issued = 0, done = 0, n_req = PROBE_BYTES / chunk;
@@ -78,9 +77,6 @@ static int measure(struct io_uring *ring, int fd, int mfd, uint8_t *buf, uint64_
 	struct timespec t0, t1;
 	int rc = 0;
 
-	/* fresh pages, as a streamed layer gets */
-	if (fallocate(mfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)PROBE_BYTES) < 0)
-		return -errno;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	while (done < n_req && rc == 0) {
 		while (issued < n_req && inflight < depth) {
@@ -158,6 +154,7 @@ int pio_probe(int fd, uint64_t size, struct pio_params *out)
 		close(mfd);
 		return rc;
 	}
+	memset(buf, 0, PROBE_BYTES); /* the pages exist before the first read */
 	rc = io_uring_queue_init(64, &ring, 0);
 	if (rc < 0) {
 		munmap(buf, PROBE_BYTES);
@@ -165,7 +162,7 @@ int pio_probe(int fd, uint64_t size, struct pio_params *out)
 		return rc;
 	}
 	for (unsigned i = 0; i < N_GRID && rc == 0; i++)
-		rc = measure(&ring, fd, mfd, buf, grid[i].chunk, grid[i].depth,
+		rc = measure(&ring, fd, buf, grid[i].chunk, grid[i].depth,
 			     size / grid[i].chunk * grid[i].chunk, &cursor, &first[i]);
 	/* the finalists: the fastest of the first round */
 	for (unsigned f = 0; f < PROBE_FINALISTS && rc == 0; f++) {
@@ -184,7 +181,7 @@ int pio_probe(int fd, uint64_t size, struct pio_params *out)
 		for (unsigned f = 0; f < PROBE_FINALISTS && rc == 0; f++) {
 			unsigned i = fin[f];
 
-			rc = measure(&ring, fd, mfd, buf, grid[i].chunk, grid[i].depth,
+			rc = measure(&ring, fd, buf, grid[i].chunk, grid[i].depth,
 				     size / grid[i].chunk * grid[i].chunk, &cursor, &runs[f][r]);
 		}
 	io_uring_queue_exit(&ring);

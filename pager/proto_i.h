@@ -1,5 +1,5 @@
 /*
- * proto_i.h - the stratad wire protocol (version 1), shared by the daemon, the
+ * proto_i.h - the stratad wire protocol (version 2), shared by the daemon, the
  * client library and stratactl.  docs/protocol.md says the same in prose.
  *
  * Transport: a unix stream socket.  Every message is a 16-byte header and a
@@ -8,7 +8,7 @@
  *
  *   off size field
  *     0    4 magic     0x41525453 ("STRA")
- *     4    2 version   1
+ *     4    2 version   2
  *     6    2 type      enum proto_type
  *     8    4 length    payload bytes that follow (<= PROTO_MAX_PAYLOAD)
  *    12    4 reserved  0
@@ -16,7 +16,8 @@
  * A session (uffd client, i.e. an engine):
  *
  *   client -> HELLO    role=1, declared_bytes, model name
- *   daemon -> MODEL    (+ memfd, read-only) file size, map size, unit count
+ *   daemon -> MODEL    (+ memfd) file size, map size, unit count, slots
+ *   daemon -> SLOTS    (+ the slots memfd) only when MODEL says n_slots > 0
  *   client    mmap(memfd, PROT_READ, MAP_SHARED); uffd; register MISSING|MINOR
  *   client -> REGISTER (+ uffd) base address, length
  *   daemon    maps the resident and loaded units into the client
@@ -24,7 +25,11 @@
  *   client -> DECLARE  declared_bytes (optional, any number of times: the
  *                      engine knows its KV cache size only after reading the
  *                      model's header through the mapping)
- *   ... the daemon never writes again unless it drops the client (ERROR);
+ *   daemon -> REMAP    ranges of the client's mapping to map again, each from
+ *                      the slots memfd or from the model's memfd (streamed
+ *                      layers are read into reused slots: see residency.c)
+ *   client -> REMAPPED once it has (registered with its uffd, in place)
+ *   ... the daemon writes nothing else unless it drops the client (ERROR);
  *   EOF on either side ends the session.
  *
  * A control session (stratactl):
@@ -45,7 +50,7 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC 0x41525453u
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2
 #define PROTO_HDR_SIZE 16
 #define PROTO_MAX_PAYLOAD (1u << 20)
 #define PROTO_MAX_NAME 4096
@@ -59,6 +64,9 @@ enum proto_type {
 	PROTO_STATUS = 6,
 	PROTO_ERROR = 7,
 	PROTO_DECLARE = 8,
+	PROTO_SLOTS = 9,
+	PROTO_REMAP = 10,
+	PROTO_REMAPPED = 11,
 };
 
 enum proto_role {
@@ -77,15 +85,37 @@ enum proto_role {
 #define PROTO_HELLO_FIXED 16
 
 /*
- * MODEL payload (32 bytes), with one fd: the model's memfd (mapped PROT_READ;
+ * MODEL payload (48 bytes), with one fd: the model's memfd (mapped PROT_READ;
  * it cannot be a read-only descriptor, see on_hello in server.c).
  *    0  8 file_size   bytes of the GGUF file (the engine's region size)
  *    8  8 map_size    file_size rounded up to the page size (the memfd size)
  *   16  4 n_units     residency units (layers + 1)
  *   20  4 page_size
  *   24  8 model_id    the daemon's index of the model
+ *   32  8 slots_size  bytes of the slots memfd (0: none, no SLOTS follows)
+ *   40  8 reserved
  */
-#define PROTO_MODEL_SIZE 32
+#define PROTO_MODEL_SIZE 48
+
+/* SLOTS payload (0 bytes), with one fd: the memfd of the streaming slots,
+ * slots_size bytes, mapped by REMAP only. */
+
+/*
+ * REMAP payload (8 + 24 * n bytes, n >= 1):
+ *    0  4 seq         echoed by REMAPPED
+ *    4  4 n           ranges
+ *    8  24 * n        off, len, from: map [base + off, base + off + len) again,
+ *                     from the slots memfd at `from`, or, with from =
+ *                     PROTO_FROM_MODEL, from the model's memfd at off; page
+ *                     aligned, inside the model and the slots
+ */
+#define PROTO_REMAP_FIXED 8
+#define PROTO_REMAP_RANGE 24
+#define PROTO_REMAP_MAX 64
+#define PROTO_FROM_MODEL UINT64_MAX
+
+/* REMAPPED payload (4 bytes): seq of the REMAP done. */
+#define PROTO_REMAPPED_SIZE 4
 
 /*
  * REGISTER payload (16 bytes), with one fd: the client's userfaultfd, already

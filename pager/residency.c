@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #ifdef HAVE_NUMA
 #include <numa.h>
@@ -58,11 +59,50 @@ bool pager_page_shared(const struct model *m, unsigned u, uint64_t off)
 }
 
 
-/* The last punch of unit u completed: its memory is free. */
+/* Unit u's own pages in its extent i: the extent without a first or last
+ * page another unit shares.  False if none are left. */
+static bool own_range(const struct model *m, unsigned u, unsigned i, struct pager_extent *own)
+{
+	const struct pager_extent *e = &m->lay->units[u].ext[i];
+	uint64_t page = m->lay->page, off = e->off, end = e->off + e->len;
+
+	if (pager_page_shared(m, u, off))
+		off += page;
+	if (end > off && pager_page_shared(m, u, end - page))
+		end -= page;
+	*own = (struct pager_extent){ off, end > off ? end - off : 0 };
+	return end > off;
+}
+
+/* All of unit u's own pages, up to max ranges; 0 when there are more. */
+static unsigned own_ranges(const struct model *m, unsigned u, struct pager_extent *out,
+			   unsigned max)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < m->lay->units[u].n_ext; i++) {
+		struct pager_extent e;
+
+		if (!own_range(m, u, i, &e))
+			continue;
+		if (n == max)
+			return 0;
+		out[n++] = e;
+	}
+	return n;
+}
+
+/* Unit u is out of memory (its punches completed, or every client maps its
+ * range from the memfd again and its slot is free). */
 static void released(struct model *m, unsigned u)
 {
 	m->us[u].state = U_ABSENT;
-	m->mem_bytes -= m->lay->units[u].bytes;
+	if (m->us[u].slot >= 0) {
+		m->slot_unit[m->us[u].slot] = -1;
+		m->us[u].slot = -1;
+	} else {
+		m->mem_bytes -= m->lay->units[u].bytes;
+	}
 	if (m->us[u].want_load) {
 		m->us[u].want_load = false;
 		pager_load(m, u);
@@ -73,27 +113,36 @@ static void released(struct model *m, unsigned u)
  * Take unit u's pages out of memory, and with them out of every client's
  * page tables.  The punch holes are queued on the ring; until they complete
  * the unit is EVICTING: still counted against the budget, and not reloaded
- * (a load racing a queued punch would lose pages).
+ * (a load racing a queued punch would lose pages).  A unit in a slot is
+ * EVICTING until every client maps its range from the memfd again.
  */
+static void send_remap(struct client *c, unsigned u, bool to_slot);
+
 static void release(struct model *m, unsigned u)
 {
 	const struct pager_unit *un = &m->lay->units[u];
-	uint64_t page = m->lay->page;
 
 	m->us[u].state = U_EVICTING;
 	m->us[u].punches_left = 0;
+	if (m->us[u].slot >= 0) {
+		/* nothing to free: every client maps the range from the memfd
+		 * again, and then the slot takes the next layer */
+		m->us[u].remaps_left = 0;
+		for (struct client *c = m->p->clients; c; c = c->next)
+			if (c->m == m && c->state == C_ACTIVE && !c->dead && c->view[u] != VIEW_MODEL)
+				send_remap(c, u, false);
+		if (m->us[u].remaps_left == 0)
+			released(m, u);
+		return;
+	}
 	for (unsigned i = 0; i < un->n_ext; i++) {
-		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
+		struct pager_extent own;
 		struct io_tag *tag;
 
-		if (pager_page_shared(m, u, off))
-			off += page;
-		if (end > off && pager_page_shared(m, u, end - page))
-			end -= page;
-		if (end <= off)
+		if (!own_range(m, u, i, &own))
 			continue;
 		tag = malloc(sizeof(*tag));
-		if (!tag || pio_punch(m->p->io, m->memfd, off, end - off, tag)) {
+		if (!tag || pio_punch(m->p->io, m->memfd, own.off, own.len, tag)) {
 			free(tag);
 			pager_log(PAGER_LOG_ERR, "%s: cannot queue the eviction of layer %d", m->name,
 				  un->layer);
@@ -171,9 +220,39 @@ uint64_t pager_allowance(const struct model *m)
 
 /* ---- mapping into clients --------------------------------------------- */
 
+/*
+ * Read what client c's uffd holds without handling it: an event (the client
+ * moving a range into place, client.c) holds every CONTINUE off with EAGAIN
+ * until it is read, and the faults read with it wait in the backlog for
+ * pager_on_uffd.
+ */
+static void drain_uffd(struct client *c)
+{
+	struct uffd_msg msgs[16];
+	ssize_t n = read(c->uffd, msgs, sizeof(msgs));
+
+	for (ssize_t i = 0; i < n / (ssize_t)sizeof(msgs[0]); i++) {
+		if (msgs[i].event != UFFD_EVENT_PAGEFAULT)
+			continue;
+		if (c->n_backlog == c->cap_backlog) {
+			unsigned cap = c->cap_backlog ? 2 * c->cap_backlog : 16;
+			struct uffd_msg *b = realloc(c->backlog, cap * sizeof(*b));
+
+			if (!b) {
+				pager_drop_client(c, "out of memory");
+				return;
+			}
+			c->backlog = b;
+			c->cap_backlog = cap;
+		}
+		c->backlog[c->n_backlog++] = msgs[i];
+	}
+}
+
 /* The uffd error policy, in one place: EEXIST (already mapped) is success,
- * EAGAIN (the mm is changing) means retry, ENOENT/ESRCH/EINVAL mean the
- * client's mapping or process is gone. */
+ * EAGAIN (the mm is changing: an event waits to be read) means drain the
+ * uffd and retry, ENOENT/ESRCH/EINVAL mean the client's mapping or process
+ * is gone. */
 static int uffd_continue(struct client *c, uint64_t off, uint64_t len)
 {
 	uint64_t page = c->m->lay->page;
@@ -190,6 +269,9 @@ static int uffd_continue(struct client *c, uint64_t off, uint64_t len)
 				off += (uint64_t)uc.mapped;
 				len -= (uint64_t)uc.mapped;
 			}
+			drain_uffd(c);
+			if (c->dead)
+				return -ENOMEM;
 			continue;
 		}
 		if (errno == EEXIST) {
@@ -216,33 +298,65 @@ static void uffd_failed(struct client *c, int rc)
 }
 
 
+/* CONTINUE [off, end) into client c, skipping tripwire pages when trip. */
+static int map_range(struct client *c, const struct pager_unit *un, uint64_t off, uint64_t end,
+		     bool trip)
+{
+	uint64_t page = c->m->lay->page;
+	unsigned t = 0;
+	int rc = 0;
+
+	while (!rc && off < end) {
+		uint64_t stop = end;
+
+		if (trip) {
+			while (t < un->n_trip && un->trip[t] < off)
+				t++;
+			if (t < un->n_trip && un->trip[t] < end)
+				stop = un->trip[t];
+		}
+		if (stop > off)
+			rc = uffd_continue(c, off, stop - off);
+		off = stop == end ? end : stop + page;
+	}
+	return rc;
+}
+
+/* Can client c be given unit u's pages?  Read, and for a unit in a slot,
+ * mapped from that slot at the client (its REMAP answered). */
+static bool ready_for(const struct client *c, unsigned u)
+{
+	const struct model *m = c->m;
+
+	return m->us[u].state == U_LOADED && (m->us[u].slot < 0 || c->view[u] == VIEW_SLOT);
+}
+
 /* Map unit u into client c: whole extents, minus tripwires for streamed
- * layers (so the first touch tells us the engine arrived). */
+ * layers (so the first touch tells us the engine arrived).  One CONTINUE
+ * works within one mapping, so a shared boundary page (in the memfd) and a
+ * unit's own pages (in a slot, maybe) go separately. */
 void pager_map_unit(struct client *c, unsigned u)
 {
 	const struct model *m = c->m;
 	const struct pager_unit *un = &m->lay->units[u];
 	bool trip = !m->us[u].resident && un->layer >= 0;
-	uint64_t page = m->lay->page;
 	int rc = 0;
 
+	if (!ready_for(c, u))
+		return;
 	for (unsigned i = 0; i < un->n_ext && !rc; i++) {
 		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
-		unsigned t = 0;
+		struct pager_extent own;
 
-		while (!rc && off < end) {
-			uint64_t stop = end;
-
-			if (trip) {
-				while (t < un->n_trip && un->trip[t] < off)
-					t++;
-				if (t < un->n_trip && un->trip[t] < end)
-					stop = un->trip[t];
-			}
-			if (stop > off)
-				rc = uffd_continue(c, off, stop - off);
-			off = stop == end ? end : stop + page;
+		if (!own_range(m, u, i, &own)) {
+			rc = map_range(c, un, off, end, trip);
+			continue;
 		}
+		rc = map_range(c, un, off, own.off, trip);
+		if (!rc)
+			rc = map_range(c, un, own.off, own.off + own.len, trip);
+		if (!rc)
+			rc = map_range(c, un, own.off + own.len, end, trip);
 	}
 	if (rc)
 		uffd_failed(c, rc);
@@ -253,6 +367,251 @@ static void map_unit_everywhere(struct model *m, unsigned u)
 	for (struct client *c = m->p->clients; c; c = c->next)
 		if (c->m == m && c->state == C_ACTIVE && !c->dead)
 			pager_map_unit(c, u);
+}
+
+/* ---- streaming slots -------------------------------------------------- */
+
+/*
+ * A streamed layer read into fresh memfd pages and punched out after use
+ * costs a page allocation and zeroing for every page, and on virtual
+ * machines that hand freed memory back to the host, the host's page faults
+ * as well: about 0.5 s of CPU per GB here, on the cores the engine computes
+ * on (design.md, "Reads").  So streamed layers are read into slots of a
+ * second memfd whose pages, once there, are kept and reused: window + 1
+ * slots, each as large as the largest layer's own pages (a boundary page
+ * another unit shares stays in the model's memfd).  While a layer is in a
+ * slot, every client maps the slot at the layer's range (a REMAP the client
+ * carries out, client.c), and back the model's memfd, where those pages
+ * were never filled, once the layer leaves; the slot takes the next layer
+ * when every client has answered.  A layer that finds no slot free (clients
+ * far apart), a resident layer and unit 0 are read into the memfd as
+ * before.  With --fuse the memfd also serves the mount's reads at the
+ * file's offsets: such a daemon has no slots.
+ */
+#define SLOT_RANGES PROTO_REMAP_MAX
+
+int pager_slots_create(struct model *m)
+{
+	struct pager_extent own[SLOT_RANGES];
+	unsigned L = m->lay->n_layers;
+
+	m->slotfd = -1;
+	for (unsigned u = 0; u < m->lay->n_units; u++)
+		m->us[u].slot = -1;
+	if (m->p->cfg.fuse_dir || L == 0)
+		return 0;
+	for (unsigned u = 1; u <= L; u++) {
+		unsigned n = own_ranges(m, u, own, SLOT_RANGES);
+		uint64_t b = 0;
+
+		for (unsigned i = 0; i < n; i++)
+			b += own[i].len;
+		if (b > m->slot_size)
+			m->slot_size = b;
+	}
+	if (!m->slot_size)
+		return 0;
+	m->n_slots = m->p->window + 1 < L ? m->p->window + 1 : L;
+	m->slot_unit = malloc(m->n_slots * sizeof(*m->slot_unit));
+	m->slot_touched = calloc(m->n_slots, sizeof(*m->slot_touched));
+	m->slotfd = memfd_create(m->name, MFD_CLOEXEC);
+	if (!m->slot_unit || !m->slot_touched || m->slotfd < 0 ||
+	    ftruncate(m->slotfd, (off_t)(m->n_slots * m->slot_size)) < 0)
+		return m->slotfd < 0 ? -errno : -ENOMEM;
+	m->slot_map = mmap(NULL, m->n_slots * m->slot_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+			   m->slotfd, 0);
+	if (m->slot_map == MAP_FAILED) {
+		m->slot_map = NULL;
+		return -errno;
+	}
+	for (unsigned s = 0; s < m->n_slots; s++)
+		m->slot_unit[s] = -1;
+	return 0;
+}
+
+void pager_slots_destroy(struct model *m)
+{
+	if (m->slot_map)
+		munmap(m->slot_map, m->n_slots * m->slot_size);
+	if (m->slotfd >= 0)
+		close(m->slotfd);
+	free(m->slot_unit);
+	free(m->slot_touched);
+}
+
+/* The slot unit u would be read into, or -1 (the memfd). */
+static int find_slot(const struct model *m, unsigned u)
+{
+	struct pager_extent own[SLOT_RANGES];
+
+	if (!m->n_slots || u == 0 || m->us[u].resident || !own_ranges(m, u, own, SLOT_RANGES))
+		return -1;
+	for (unsigned s = 0; s < m->n_slots; s++)
+		if (m->slot_unit[s] < 0)
+			return (int)s;
+	return -1;
+}
+
+/* What loading unit u adds to the memory held: its bytes in the memfd, or a
+ * slot's the first time that slot is used. */
+static uint64_t load_cost(const struct model *m, unsigned u)
+{
+	int s = find_slot(m, u);
+
+	if (s < 0)
+		return m->lay->units[u].bytes;
+	return m->slot_touched[s] ? 0 : m->slot_size;
+}
+
+/* Unit u goes into its slot (us[u].slot): every client is asked to map it. */
+static void take_slot(struct model *m, unsigned u)
+{
+	int s = m->us[u].slot;
+
+	if (!m->slot_touched[s]) {
+		m->slot_touched[s] = true;
+		m->slot_bytes += m->slot_size;
+	}
+	m->slot_unit[s] = (int)u;
+	m->slot_loads++;
+	/* (a client still registering is asked once it has READY:
+	 * pager_slots_attach) */
+	for (struct client *c = m->p->clients; c; c = c->next)
+		if (c->m == m && c->ready && !c->dead)
+			send_remap(c, u, true);
+}
+
+/* Send c's queued REMAPs while fewer than REMAPS_IN_FLIGHT are unanswered. */
+static void flush_remaps(struct client *c)
+{
+	struct remap_wait *w = c->remaps;
+
+	while (w && w->sent)
+		w = w->next;
+	for (; w && c->remaps_sent < REMAPS_IN_FLIGHT && !c->dead; w = w->next) {
+		if (proto_send(c->fd, PROTO_REMAP, w->msg, w->len, -1)) {
+			pager_drop_client(c, "cannot send it REMAP");
+			return;
+		}
+		w->sent = true;
+		c->remaps_sent++;
+	}
+}
+
+/* Ask client c to map unit u's range from its slot (to_slot) or from the
+ * memfd; the answer comes back as REMAPPED (pager_on_remapped). */
+static void send_remap(struct client *c, unsigned u, bool to_slot)
+{
+	struct model *m = c->m;
+	struct pager_extent own[SLOT_RANGES];
+	unsigned n = own_ranges(m, u, own, SLOT_RANGES);
+	uint32_t len = PROTO_REMAP_FIXED + n * PROTO_REMAP_RANGE;
+	uint64_t at = (uint64_t)m->us[u].slot * m->slot_size;
+	struct remap_wait *w = malloc(sizeof(*w) + len);
+
+	if (!w) {
+		pager_drop_client(c, "out of memory");
+		return;
+	}
+	*w = (struct remap_wait){ .seq = ++c->remap_seq, .u = u, .to_slot = to_slot, .len = len };
+	proto_put_u32(w->msg, w->seq);
+	proto_put_u32(w->msg + 4, n);
+	for (unsigned i = 0; i < n; i++) {
+		uint8_t *r = w->msg + PROTO_REMAP_FIXED + i * PROTO_REMAP_RANGE;
+
+		proto_put_u64(r, own[i].off);
+		proto_put_u64(r + 8, own[i].len);
+		proto_put_u64(r + 16, to_slot ? at : PROTO_FROM_MODEL);
+		at += own[i].len;
+	}
+	*c->remaps_tail = w;
+	c->remaps_tail = &w->next;
+	c->view[u] = to_slot ? VIEW_SLOT_PENDING : VIEW_MODEL_PENDING;
+	if (!to_slot)
+		m->us[u].remaps_left++;
+	flush_remaps(c);
+}
+
+/* One more client maps unit u from the memfd again; the last one frees its
+ * slot. */
+static void remap_done(struct model *m, unsigned u)
+{
+	if (m->us[u].remaps_left && --m->us[u].remaps_left == 0 && m->us[u].state == U_EVICTING) {
+		released(m, u);
+		pager_policy_advance(m); /* the slot may let a load start */
+	}
+}
+
+/* A client that just registered: the units in slots are mapped from them. */
+void pager_slots_attach(struct client *c)
+{
+	struct model *m = c->m;
+
+	for (unsigned u = 0; u < m->lay->n_units && !c->dead; u++)
+		if (m->us[u].slot >= 0 &&
+		    (m->us[u].state == U_LOADING || m->us[u].state == U_LOADED))
+			send_remap(c, u, true);
+}
+
+static void resolve(struct client *c, uint64_t off, uint64_t since);
+
+/* Client c answered REMAP seq (they come back in the order sent). */
+void pager_on_remapped(struct client *c, uint32_t seq)
+{
+	struct remap_wait *w = c->remaps;
+	struct model *m = c->m;
+	unsigned u;
+
+	if (!w || !w->sent || w->seq != seq) {
+		pager_drop_client(c, "it answered a REMAP it was not sent");
+		return;
+	}
+	c->remaps = w->next;
+	if (!c->remaps)
+		c->remaps_tail = &c->remaps;
+	c->remaps_sent--;
+	flush_remaps(c);
+	u = w->u;
+	if (!w->to_slot) {
+		if (c->view[u] == VIEW_MODEL_PENDING)
+			c->view[u] = VIEW_MODEL;
+		free(w);
+		remap_done(m, u);
+		return;
+	}
+	free(w);
+	if (c->view[u] != VIEW_SLOT_PENDING)
+		return; /* a REMAP back to the memfd followed it */
+	c->view[u] = VIEW_SLOT;
+	if (!ready_for(c, u))
+		return;
+	pager_map_unit(c, u);
+	/* its faults on the unit, which waited for the slot to be mapped */
+	for (struct waiter **pw = &m->waiters[u]; *pw && !c->dead;) {
+		struct waiter *x = *pw;
+
+		if (x->c != c) {
+			pw = &x->next;
+			continue;
+		}
+		*pw = x->next;
+		resolve(c, x->off, x->since_ns);
+		free(x);
+	}
+}
+
+/* A client is going: the REMAPs it will never answer count as done. */
+void pager_slots_forget(struct client *c)
+{
+	while (c->remaps) {
+		struct remap_wait *w = c->remaps;
+
+		c->remaps = w->next;
+		if (!w->to_slot && !c->p->stop)
+			remap_done(c->m, w->u);
+		free(w);
+	}
+	c->remaps_tail = &c->remaps;
 }
 
 /* ---- loading ---------------------------------------------------------- */
@@ -276,16 +635,39 @@ int pager_load(struct model *m, unsigned u)
 	m->us[u].reads_left = 1; /* held until every chunk is queued */
 	m->us[u].io_err = 0;
 	m->us[u].loads++;
-	m->mem_bytes += un->bytes;
-	for (unsigned i = 0; i < un->n_ext; i++) {
-		int n = pio_read(m->p->io, m->fd, m->map + un->ext[i].off, un->ext[i].off,
-				 un->ext[i].len, m->lay->file_size, tag);
+	m->us[u].slot = find_slot(m, u);
+	if (m->us[u].slot >= 0)
+		take_slot(m, u);
+	else
+		m->mem_bytes += un->bytes;
+	/* Each extent: into the memfd, or, in a slot, its own pages there (one
+	 * after the other) and any shared boundary page into the memfd. */
+	uint64_t at = m->us[u].slot >= 0 ? (uint64_t)m->us[u].slot * m->slot_size : 0;
+	for (unsigned i = 0; i < un->n_ext && !m->us[u].io_err; i++) {
+		const struct pager_extent *e = &un->ext[i];
+		struct pager_extent part[3] = { *e, { 0, 0 }, { 0, 0 } }, own;
+		uint8_t *dst[3] = { m->map + e->off, NULL, NULL };
 
-		if (n < 0) {
-			m->us[u].io_err = n;
-			break;
+		if (m->us[u].slot >= 0 && own_range(m, u, i, &own)) {
+			part[0] = (struct pager_extent){ e->off, own.off - e->off };
+			part[1] = own;
+			part[2] = (struct pager_extent){ own.off + own.len,
+							 e->off + e->len - own.off - own.len };
+			dst[1] = m->slot_map + at;
+			dst[2] = m->map + own.off + own.len;
+			at += own.len;
 		}
-		m->us[u].reads_left += (unsigned)n;
+		for (unsigned k = 0; k < 3; k++) {
+			int n = part[k].len ? pio_read(m->p->io, m->fd, dst[k], part[k].off, part[k].len,
+						       m->lay->file_size, tag)
+					    : 0;
+
+			if (n < 0) {
+				m->us[u].io_err = n;
+				break;
+			}
+			m->us[u].reads_left += (unsigned)n;
+		}
 	}
 	/* drop the hold; completes now if every chunk already finished */
 	if (--m->us[u].reads_left == 0) {
@@ -523,7 +905,8 @@ bool pager_wants_mem(const struct model *m, unsigned u)
  * in the mount's page cache (the mount's staging buffers are in the plan). */
 uint64_t pager_held(const struct model *m)
 {
-	return m->mem_bytes + m->cache_bytes + m->sparse_bytes + m->fuse_sparse_bytes;
+	return m->mem_bytes + m->slot_bytes + m->cache_bytes + m->sparse_bytes +
+	       m->fuse_sparse_bytes;
 }
 
 /* Bring memory in line with the plan and the clients' positions: evict what
@@ -537,9 +920,10 @@ void pager_policy_advance(struct model *m)
 	/* This also frees layers a shrunken plan (pressure, a new client's
 	 * declared memory) no longer keeps resident. */
 	for (unsigned u = 1; u < U; u++)
-		if (m->us[u].state == U_LOADED && !pager_wants_mem(m, u) && !m->waiters[u] &&
+		if (m->us[u].state == U_LOADED && !m->waiters[u] &&
+		    (!pager_wants_mem(m, u) || (m->us[u].slot >= 0 && m->us[u].resident)) &&
 		    !(m->p->fuse && pager_fuse_waits_for(m, u)))
-			evict(m, u);
+			evict(m, u); /* (a slot's layer planned resident goes to the memfd) */
 	if (m->fuse_reader && m->us[0].state == U_LOADED && !pager_wants_mem(m, 0) && !m->waiters[0] &&
 	    !pager_fuse_waits_for(m, 0))
 		evict(m, 0);
@@ -559,7 +943,7 @@ void pager_policy_advance(struct model *m)
 
 		if (m->us[u].state != U_ABSENT || !pager_wants_mem(m, u))
 			continue;
-		if (pager_held(m) + m->lay->units[u].bytes > allow && u != 0)
+		if (pager_held(m) + load_cost(m, u) > allow && u != 0)
 			continue; /* no room now; retried at the next step */
 		if (pager_load(m, u))
 			break;
@@ -598,18 +982,24 @@ static void resolve(struct client *c, uint64_t off, uint64_t since)
 		uffd_failed(c, rc);
 }
 
+/* Unit u is read: answer the faults waiting for it, but for clients that
+ * have yet to map its slot (they are answered when they have: see
+ * pager_on_remapped). */
 static void wake_waiters(struct model *m, unsigned u)
 {
-	struct waiter *w = m->waiters[u];
+	struct waiter **pw = &m->waiters[u];
 
-	m->waiters[u] = NULL;
-	while (w) {
-		struct waiter *n = w->next;
+	while (*pw) {
+		struct waiter *w = *pw;
 
+		if (!w->c->dead && !ready_for(w->c, u)) {
+			pw = &w->next;
+			continue;
+		}
+		*pw = w->next;
 		if (!w->c->dead)
 			resolve(w->c, w->off, w->since_ns);
 		free(w);
-		w = n;
 	}
 	if (m->p->fuse)
 		pager_fuse_unit_ready(m);
@@ -694,7 +1084,7 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 	}
 	c->faults++;
 	m->us[u].faults++;
-	if (m->us[u].state == U_LOADED) {
+	if (ready_for(c, u)) {
 		resolve(c, off, pager_now_ns());
 		pager_policy_advance(m);
 		return;
@@ -713,6 +1103,8 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 		c->pos = u; /* it is here, waiting */
 	if (m->us[u].state == U_EVICTING) {
 		m->us[u].want_load = true;
+	} else if (m->us[u].slot >= 0 && c->view[u] == VIEW_MODEL) {
+		send_remap(c, u, true); /* not asked yet (cannot happen, but cheap) */
 	} else if (m->us[u].state == U_ABSENT) {
 		/* A demand miss: the window did not cover it.  Make room. */
 		pager_policy_advance(m);
@@ -724,6 +1116,12 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 void pager_on_uffd(struct client *c)
 {
 	struct uffd_msg msgs[16];
+
+	/* faults read while draining (uffd_continue), in order */
+	for (unsigned i = 0; i < c->n_backlog && !c->dead; i++)
+		on_fault(c, c->backlog[i].arg.pagefault.address,
+			 c->backlog[i].arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_MINOR);
+	c->n_backlog = 0;
 
 	for (;;) {
 		ssize_t n = read(c->uffd, msgs, sizeof(msgs));

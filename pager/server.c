@@ -76,7 +76,13 @@ static void free_client(struct client *c)
 	struct model *m = c->m;
 
 	if (c->fd >= 0) {
+		char junk[64];
+
 		epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+		/* a close with messages unread resets the connection, and the
+		 * client may see that before our last word (ERROR) */
+		while (recv(c->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0)
+			;
 		close(c->fd);
 	}
 	if (c->uffd >= 0) {
@@ -84,6 +90,7 @@ static void free_client(struct client *c)
 		close(c->uffd);
 	}
 	if (m) {
+		pager_slots_forget(c);
 		/* forget its waiters */
 		for (unsigned u = 0; u < m->lay->n_units; u++) {
 			struct waiter **pw = &m->waiters[u];
@@ -101,6 +108,8 @@ static void free_client(struct client *c)
 		if (c->state == C_ACTIVE || c->state == C_REGISTER)
 			m->n_clients--;
 	}
+	free(c->view);
+	free(c->backlog);
 	free(c);
 	p->n_clients--;
 }
@@ -191,7 +200,10 @@ static void on_hello(struct client *c, const uint8_t *pl, uint32_t len)
 	proto_put_u32(mp + 16, m->lay->n_units);
 	proto_put_u32(mp + 20, (uint32_t)m->lay->page);
 	proto_put_u64(mp + 24, m->idx);
-	if (proto_send(c->fd, PROTO_MODEL, mp, sizeof(mp), m->memfd))
+	proto_put_u64(mp + 32, m->n_slots * m->slot_size);
+	proto_put_u64(mp + 40, 0);
+	if (proto_send(c->fd, PROTO_MODEL, mp, sizeof(mp), m->memfd) ||
+	    (m->n_slots && proto_send(c->fd, PROTO_SLOTS, NULL, 0, m->slotfd)))
 		pager_drop_client(c, "cannot send MODEL");
 	c->m = m;
 	c->state = C_REGISTER;
@@ -236,6 +248,11 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 		return;
 	}
 	c->uffd = fd;
+	c->view = calloc(m->lay->n_units, sizeof(*c->view));
+	if (!c->view) {
+		pager_drop_client(c, "out of memory");
+		return;
+	}
 	ev.data.u64 = EV(EV_UFFD, c);
 	if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
 		pager_drop_client(c, "epoll");
@@ -258,6 +275,10 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 	proto_put_u32(ready, mapped);
 	if (!c->dead && proto_send(c->fd, PROTO_READY, ready, sizeof(ready), -1))
 		pager_drop_client(c, "cannot send READY");
+	if (!c->dead) {
+		c->ready = true;
+		pager_slots_attach(c); /* after READY: the client's watchdog answers */
+	}
 }
 
 static void on_status_req(struct client *c, const uint8_t *pl, uint32_t len)
@@ -366,6 +387,8 @@ static void on_sock(struct client *c)
 	case C_ACTIVE:
 		if (type == PROTO_DECLARE && len == PROTO_DECLARE_SIZE) {
 			pager_declare(c, proto_get_u64(buf + PROTO_HDR_SIZE));
+		} else if (type == PROTO_REMAPPED && len == PROTO_REMAPPED_SIZE) {
+			pager_on_remapped(c, proto_get_u32(buf + PROTO_HDR_SIZE));
 		} else {
 			pager_drop_client(c, "unexpected message after READY");
 		}
@@ -408,6 +431,7 @@ static void on_accept(struct pager *p)
 		c->pid = cr.pid;
 		c->uid = cr.uid;
 		c->pos = -1;
+		c->remaps_tail = &c->remaps;
 		ev.data.u64 = EV(EV_SOCK, c);
 		if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
 			close(fd);
@@ -446,7 +470,7 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 	const char *slash;
 
 	m->p = p;
-	m->fd = m->memfd = -1;
+	m->fd = m->memfd = m->slotfd = -1;
 	m->path = strdup(path);
 	m->real = realpath(path, NULL);
 	slash = strrchr(path, '/');
@@ -506,6 +530,11 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
+	rc = pager_slots_create(m);
+	if (rc) {
+		snprintf(err, errlen, "%s: streaming slots: %s", path, strerror(-rc));
+		return rc;
+	}
 	return 0;
 }
 
@@ -524,6 +553,8 @@ static void close_model(struct model *m)
 			free(w);
 		}
 	free(m->waiters);
+	if (m->us)
+		pager_slots_destroy(m);
 	free(m->us);
 	free(m->rank);
 	pager_layout_destroy(m->lay);
@@ -800,6 +831,10 @@ int pager_run(struct pager *p)
 			}
 			}
 		}
+		/* faults read while a CONTINUE drained a uffd (residency.c) */
+		for (struct client *c = p->clients; c; c = c->next)
+			if (c->n_backlog && !c->dead)
+				pager_on_uffd(c);
 		reap_dead(p);
 	}
 	return 0;

@@ -13,6 +13,7 @@
 #include "pager.h"
 #include "pager_i.h"
 
+#include <linux/userfaultfd.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -53,6 +54,8 @@ struct ustat {
 	bool st_whole;       /* store the tripwire page too */
 	int st_err;
 	bool pc_read_during; /* a read refilled it while it was being dropped */
+	int slot;            /* the streaming slot it is read into; -1: the memfd */
+	unsigned remaps_left; /* clients yet to map it back from the memfd (evicting) */
 	uint64_t loads, faults, evictions, bytes_read;
 	uint64_t stores, drops; /* into and out of the mount's page cache */
 };
@@ -109,6 +112,33 @@ struct model {
 	uint64_t fuse_lookups;   /* the kernel's references to the file's inode */
 	bool fuse_inode;         /* the kernel has the file's inode (it was opened) */
 	bool warned_small;       /* the budget cannot hold the streaming window */
+	/* Streaming slots (residency.c): a second memfd whose pages are reused
+	 * for one streamed layer after another.  n_slots 0: none (--fuse). */
+	int slotfd;
+	uint8_t *slot_map;
+	unsigned n_slots;
+	uint64_t slot_size;
+	int *slot_unit;          /* per slot: the unit in it, -1 free */
+	bool *slot_touched;      /* its pages exist (held from then on) */
+	uint64_t slot_bytes;     /* bytes of touched slots */
+	uint64_t slot_loads;     /* loads into a slot */
+};
+
+/* What a client maps at a slotted unit's range. */
+enum view { VIEW_MODEL, VIEW_SLOT_PENDING, VIEW_SLOT, VIEW_MODEL_PENDING };
+
+/* A REMAP for a client: waiting to be sent (at most REMAPS_IN_FLIGHT are
+ * unanswered at once: a client's socket queues only a few messages), then
+ * waiting for its REMAPPED. */
+#define REMAPS_IN_FLIGHT 4
+struct remap_wait {
+	struct remap_wait *next;
+	uint32_t seq;
+	unsigned u;
+	bool to_slot;
+	bool sent;
+	uint32_t len;
+	uint8_t msg[]; /* the payload */
 };
 
 enum cstate { C_HELLO, C_REGISTER, C_ACTIVE, C_CONTROL, C_FUSE /* a mount's readers */ };
@@ -128,6 +158,13 @@ struct client {
 	uint64_t faults;
 	uint64_t wait_ns;
 	bool dead;
+	bool ready;                    /* READY sent: it may get REMAPs */
+	struct uffd_msg *backlog;      /* faults read while draining its uffd */
+	unsigned n_backlog, cap_backlog;
+	uint8_t *view;                 /* per unit: enum view (slotted units) */
+	struct remap_wait *remaps, **remaps_tail; /* in order: sent, then unsent */
+	unsigned remaps_sent;
+	uint32_t remap_seq;
 };
 
 struct pager {
@@ -180,6 +217,13 @@ bool pager_page_shared(const struct model *m, unsigned u, uint64_t off);
 bool pager_wants_mem(const struct model *m, unsigned u);
 bool pager_fuse_wants(const struct model *m, unsigned u);
 bool pager_fuse_store_due(const struct model *m, unsigned u);
+
+/* residency.c: streaming slots */
+int pager_slots_create(struct model *m);
+void pager_slots_destroy(struct model *m);
+void pager_slots_attach(struct client *c);
+void pager_on_remapped(struct client *c, uint32_t seq);
+void pager_slots_forget(struct client *c);
 
 /* server.c */
 void pager_drop_client(struct client *c, const char *why);

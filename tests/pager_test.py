@@ -137,6 +137,10 @@ def case_identical():
             if label == "none resident":
                 check(f"identical: {m} {label} streamed every layer",
                       streamed == len(st["layers"]), f"{streamed} of {len(st['layers'])}")
+            if label != "all resident":
+                check(f"identical: {m} {label}: streamed layers went through the slots",
+                      st["slot_loads"] > 0 and 0 < st["slot_bytes"] <= st["slots"] *
+                      max(l["bytes"] for l in st["layers"]), str(st["slot_loads"]))
 
 
 def long_model():
@@ -203,7 +207,7 @@ def raw_conn(sock):
     return s
 
 
-def hdr(t, n, magic=0x41525453, ver=1):
+def hdr(t, n, magic=0x41525453, ver=2):
     return struct.pack("<IBBHII", magic, ver, 0, t, n, 0)
 
 
