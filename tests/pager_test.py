@@ -4,6 +4,8 @@
   identical   every fixture model gives bit-identical `strata eval` logits with
               and without the pager, with every layer, half and none resident
   share       two engines on one model share its pages (one copy in memory)
+  share-streaming  two engines streaming one model at once through the slots
+              get bit-identical logits
   garbage     clients sending garbage, truncated messages or stray file
               descriptors are dropped; the daemon keeps serving
   kill-engine killing an engine mid-run leaves the daemon serving the next one
@@ -198,6 +200,29 @@ def case_share():
           f"{st['resident_bytes']} bytes for a {os.path.getsize(m)}-byte model")
     check("share: both engines map the same pages (Pss about half of Rss)",
           all(rss > 0 and pss * 10 < rss * 6 for rss, pss in shared), str(shared))
+
+
+def case_share_streaming():
+    """Two engines streaming one model at once, one layer resident: each
+    streamed layer's slot is mapped into both (each answers its own REMAPs);
+    both get the plain run's logits bit for bit."""
+    m = long_model()
+    toks = ",".join(str(i) for i in range(1, 25))
+    plain = os.path.join(TMP, "sharestream.plain")
+    run_eval(m, toks, plain)
+    d = Daemon([m], "--resident", "1")
+    outs = [os.path.join(TMP, f"sharestream.{i}") for i in range(2)]
+    ps = [subprocess.Popen([STRATA, "eval", "-m", m, "--tokens", toks, "--logits-out", o,
+                            "--pager", d.sock], stderr=subprocess.PIPE, text=True) for o in outs]
+    errs = [p.communicate(timeout=120)[1] for p in ps]
+    st = d.model(os.path.basename(m))
+    d.stop()
+    want = open(plain, "rb").read()
+    check("share-streaming: both engines match the plain run",
+          all(p.returncode == 0 for p in ps) and all(open(o, "rb").read() == want for o in outs),
+          " ".join(errs))
+    check("share-streaming: the layers streamed through the slots", st["slot_loads"] > 0,
+          str(st["slot_loads"]))
 
 
 def raw_conn(sock):
@@ -622,7 +647,8 @@ def case_fuse_kill():
     d.stop()
 
 
-CASES = {"identical": case_identical, "share": case_share, "garbage": case_garbage,
+CASES = {"identical": case_identical, "share": case_share,
+         "share-streaming": case_share_streaming, "garbage": case_garbage,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
          "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse,
          "fuse-kill": case_fuse_kill, "warm": case_warm, "accounting": case_accounting,
