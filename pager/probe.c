@@ -81,6 +81,7 @@ static int measure(struct io_uring *ring, int fd, uint8_t *buf, uint64_t chunk,
 	while (done < n_req && rc == 0) {
 		while (issued < n_req && inflight < depth) {
 			struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
 			if (!sqe)
 				break;
 			if (*cursor + chunk > span)

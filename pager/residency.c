@@ -173,12 +173,20 @@ static void evict(struct model *m, unsigned u)
  */
 uint64_t pager_declared(const struct pager *p)
 {
+	uint64_t d = pager_declared_connected(p);
+
+	return d ? d : p->declared_hold;
+}
+
+/* What the connected engines declared, without the hold. */
+uint64_t pager_declared_connected(const struct pager *p)
+{
 	uint64_t d = 0;
 
 	for (const struct client *c = p->clients; c; c = c->next)
 		if (!c->dead && (c->state == C_ACTIVE || c->state == C_REGISTER))
 			d += c->declared;
-	return d ? d : p->declared_hold;
+	return d;
 }
 
 /* Client c needs `bytes` of its own (its KV cache and buffers): reserve
@@ -186,12 +194,10 @@ uint64_t pager_declared(const struct pager *p)
 void pager_declare(struct client *c, uint64_t bytes)
 {
 	struct pager *p = c->p;
-	uint64_t d = 0;
+	uint64_t d;
 
 	c->declared = bytes;
-	for (const struct client *o = p->clients; o; o = o->next)
-		if (!o->dead && (o->state == C_ACTIVE || o->state == C_REGISTER))
-			d += o->declared;
+	d = pager_declared_connected(p);
 	if (d)
 		p->declared_hold = d;
 	pager_log(PAGER_LOG_NOTICE, "client pid %d declares %.1f MiB of its own (engines: %.1f MiB in all)",
@@ -1103,8 +1109,6 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 		c->pos = u; /* it is here, waiting */
 	if (m->us[u].state == U_EVICTING) {
 		m->us[u].want_load = true;
-	} else if (m->us[u].slot >= 0 && c->view[u] == VIEW_MODEL) {
-		send_remap(c, u, true); /* not asked yet (cannot happen, but cheap) */
 	} else if (m->us[u].state == U_ABSENT) {
 		/* A demand miss: the window did not cover it.  Make room. */
 		pager_policy_advance(m);

@@ -263,10 +263,12 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 	if (m->n_clients == 1)
 		pager_place(m, c->pid);
 	pager_log(PAGER_LOG_NOTICE, "client pid %d attached to %s", (int)c->pid, m->name);
-	if (c->declared)
+	if (c->declared) { /* HELLO's: re-plans every model */
 		pager_declare(c, c->declared);
-	pager_plan(m);
-	pager_policy_advance(m);
+	} else {
+		pager_plan(m);
+		pager_policy_advance(m);
+	}
 	for (unsigned u = 0; u < m->lay->n_units && !c->dead; u++)
 		if (m->us[u].state == U_LOADED) {
 			pager_map_unit(c, u);

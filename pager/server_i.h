@@ -183,7 +183,7 @@ struct pager {
 	uint64_t page;
 	uint64_t pressure_events;
 	/* The engines' declared memory, kept reserved while none is connected
-	 * (residency.c: declared_total) */
+	 * (residency.c: pager_declared) */
 	uint64_t declared_hold;
 	bool stop;
 	char *sock_path;
@@ -199,8 +199,10 @@ enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD, EV_FUS
 /* residency.c */
 int pager_load(struct model *m, unsigned u);
 uint64_t pager_allowance(const struct model *m);
-/* What the connected engines declared; see declared_total in residency.c. */
+/* What the engines declared: the connected ones', or while none of them has,
+ * the last total (see residency.c). */
 uint64_t pager_declared(const struct pager *p);
+uint64_t pager_declared_connected(const struct pager *p);
 void pager_declare(struct client *c, uint64_t bytes);
 /* What the model holds against its allowance: memfd, page cache, sparse. */
 uint64_t pager_held(const struct model *m);

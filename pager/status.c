@@ -65,10 +65,7 @@ static bool reader_active(const struct model *m)
 /* The declared memory is the last engine's, kept while none is connected. */
 static bool engines_held(const struct pager *p)
 {
-	for (const struct client *c = p->clients; c; c = c->next)
-		if (!c->dead && (c->state == C_ACTIVE || c->state == C_REGISTER) && c->declared)
-			return false;
-	return p->declared_hold != 0;
+	return !pager_declared_connected(p) && p->declared_hold;
 }
 
 struct sbuf {
