@@ -257,7 +257,7 @@ io_fail(char *err, size_t errlen, int rc, const char *fmt, ...)
 	return rc;
 }
 
-static void prep(struct io_uring *ring, int fd, struct io_slot *s, unsigned idx)
+static void prep(struct io_uring *ring, int fd, struct io_slot *s, unsigned idx, bool fresh)
 {
 	/* Never NULL: the ring has `depth` entries and each slot has at most
 	 * one read queued or in flight.  Slots are at most `chunk` bytes,
@@ -266,7 +266,34 @@ static void prep(struct io_uring *ring, int fd, struct io_slot *s, unsigned idx)
 
 	assert(sqe);
 	io_uring_prep_read(sqe, fd, s->buf, (unsigned)s->len, s->off);
+	/* New pages are allocated and zeroed by the read; on the ring's
+	 * workers, in parallel, as stratad submits them (pager/io.c). */
+	if (fresh)
+		sqe->flags |= IOSQE_ASYNC;
 	io_uring_sqe_set_data64(sqe, idx);
+}
+
+/* `len` bytes of a new memfd, mapped; its pages are allocated by the
+ * reads into them.  0 or -errno. */
+static int fresh_region(size_t len, uint8_t **out)
+{
+	int mfd = memfd_create("strata-iobench", MFD_CLOEXEC), rc = 0;
+	void *p;
+
+	if (mfd < 0)
+		return -errno;
+	if (ftruncate(mfd, (off_t)len)) {
+		rc = -errno;
+		goto out;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+	if (p == MAP_FAILED)
+		rc = -errno;
+	else
+		*out = p;
+out:
+	close(mfd); /* the mapping keeps the memory */
+	return rc;
 }
 
 int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
@@ -274,6 +301,7 @@ int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 {
 	uint64_t chunk = cfg && cfg->chunk ? cfg->chunk : 1u << 20;
 	unsigned depth = cfg && cfg->depth ? cfg->depth : 16;
+	bool fresh = cfg && cfg->fresh;
 	uint64_t size, region, n_chunks, total, next = 0, bytes = 0;
 	unsigned inflight = 0, n_free;
 	unsigned *free_slots = NULL;
@@ -282,12 +310,13 @@ int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 	struct statfs sfs;
 	struct stat st;
 	uint8_t *buf = NULL;
+	size_t buf_len = 0;
 	bool leak = false;
 	double t0;
 	int fd, rc = 0;
 
 	memset(out, 0, sizeof(*out));
-	if (chunk % PAGE || chunk > 1u << 30 || depth > 256)
+	if (chunk % PAGE || chunk > 1u << 30 || depth > 256 || (fresh && cfg->min_bytes))
 		return io_fail(err, errlen, -EINVAL, "invalid chunk size or depth");
 	fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
 	if (fd < 0) {
@@ -324,7 +353,20 @@ int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 
 	slots = calloc(depth, sizeof(*slots));
 	free_slots = calloc(depth, sizeof(*free_slots));
-	if (!slots || !free_slots || posix_memalign((void **)&buf, PAGE, chunk * depth)) {
+	if (!slots || !free_slots) {
+		rc = io_fail(err, errlen, -ENOMEM, "out of memory");
+		goto err_mem;
+	}
+	if (fresh) {
+		/* Whole chunks: the tail's read asks for whole pages. */
+		buf_len = n_chunks * chunk;
+		rc = fresh_region(buf_len, &buf);
+		if (rc) {
+			io_fail(err, errlen, rc, "a memfd of %llu bytes: %s",
+				(unsigned long long)buf_len, strerror(-rc));
+			goto err_mem;
+		}
+	} else if (posix_memalign((void **)&buf, PAGE, chunk * depth)) {
 		buf = NULL;
 		rc = io_fail(err, errlen, -ENOMEM, "out of memory");
 		goto err_mem;
@@ -351,8 +393,8 @@ int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 			/* The tail of an unaligned file: ask for whole pages,
 			 * the read stops at the end of the file. */
 			s->len = (s->len + PAGE - 1) / PAGE * PAGE;
-			s->buf = buf + (size_t)idx * chunk;
-			prep(&ring, fd, s, idx);
+			s->buf = buf + (fresh ? s->off : (size_t)idx * chunk);
+			prep(&ring, fd, s, idx, fresh);
 			next++;
 			inflight++;
 		}
@@ -370,7 +412,7 @@ int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 
 			io_uring_cqe_seen(&ring, cqe);
 			if (res == -EINTR || res == -EAGAIN) {
-				prep(&ring, fd, s, idx);
+				prep(&ring, fd, s, idx, fresh);
 				continue;
 			}
 			if (res < 0 || (res == 0 && s->off < size)) {
@@ -392,7 +434,7 @@ int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 				s->buf += res;
 				s->off += (uint64_t)res;
 				s->len -= (uint64_t)res;
-				prep(&ring, fd, s, idx);
+				prep(&ring, fd, s, idx, fresh);
 				continue;
 			}
 			inflight--;
@@ -406,7 +448,9 @@ int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 	}
 	io_uring_queue_exit(&ring);
 err_mem:
-	if (!leak)
+	if (!leak && fresh && buf)
+		munmap(buf, buf_len);
+	else if (!leak)
 		free(buf);
 	free(free_slots);
 	free(slots);

@@ -16,6 +16,7 @@
 #ifndef STRATA_HWBENCH_H
 #define STRATA_HWBENCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,11 +50,15 @@ struct hwbench_io_config {
 	unsigned depth;     /* reads in flight, 1..256; 0: 16 */
 	uint64_t max_bytes; /* read at most the first max_bytes of the file; 0: all */
 	uint64_t min_bytes; /* read that range again until this much was read; 0: once */
+	bool fresh;         /* into new pages of a memfd, each chunk its own (the
+			     * way stratad's store fills): storage and the cost
+			     * of new memory together; needs min_bytes 0 */
 };
 
 /*
  * Storage read bandwidth of `path`: O_DIRECT reads with io_uring into
- * reused buffers, so the page cache is neither used nor disturbed.  Returns
+ * reused buffers (or, with `fresh`, into new memfd pages), so the page cache
+ * is neither used nor disturbed.  Returns
  * 0, or -errno with a one-line reason in err: -EINVAL when the file system
  * refuses O_DIRECT, -EOPNOTSUPP when the file lives in memory (tmpfs,
  * ramfs: there is no storage to measure), or what open, io_uring or a read
