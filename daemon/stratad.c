@@ -1,14 +1,16 @@
 /*
  * stratad.c - the pager daemon's command line.
  *
- *   stratad --socket PATH [--budget SIZE] [--resident N] [--window N]
+ *   stratad --socket PATH [--budget SIZE|auto] [--mode MODE] [--resident N] [--window N]
  *           [--probe-io] [--io-cache FILE] [--io-chunk SIZE] [--io-depth N]
  *           [--verbose] MODEL.gguf...
  *
  * Everything it does lives in the pager library (pager/server.c); this file
  * parses options, reports what went wrong in one line, and runs the loop.
  * SIGTERM and SIGINT stop it cleanly (the socket is removed); SIGUSR1 sheds
- * resident layers as memory pressure does, SIGUSR2 restores them.
+ * resident layers as memory pressure does, SIGUSR2 restores them.  Exit 2
+ * when it cannot start (a model it cannot serve, a budget below what
+ * streaming needs), with the reason in one line.
  */
 #include "pager.h"
 
@@ -18,15 +20,20 @@
 #include <string.h>
 
 static const char usage_text[] =
-	"usage: stratad --socket PATH [--fuse DIR] [--budget SIZE] [--resident N]\n"
-	"               [--window N] [--probe-io] [--io-cache FILE] [--io-chunk SIZE]\n"
-	"               [--io-depth N] [--verbose] MODEL.gguf...\n"
+	"usage: stratad --socket PATH [--fuse DIR] [--budget SIZE|auto] [--mode MODE]\n"
+	"               [--resident N] [--window N] [--probe-io] [--io-cache FILE]\n"
+	"               [--io-chunk SIZE] [--io-depth N] [--verbose] MODEL.gguf...\n"
 	"\n"
 	"  --socket PATH   unix socket clients connect to\n"
 	"  --fuse DIR      also show every model as a read-only file under DIR, for\n"
 	"                  any mmap-based runtime\n"
 	"  --budget SIZE   memory for the models and their clients' own needs, in bytes\n"
-	"                  or with a K/M/G suffix (default: no limit, all resident)\n"
+	"                  or with a K/M/G suffix; auto (the default): the memory\n"
+	"                  cgroup's limit, else what is available, less a reserve,\n"
+	"                  followed as it changes\n"
+	"  --mode MODE     how memory beyond what streaming needs is shared: speed\n"
+	"                  (default: all to resident layers but what engines declare),\n"
+	"                  balanced (a quarter kept for engines' context), context (half)\n"
 	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
 	"  --window N      streamed layers read ahead (default 2)\n"
 	"  --probe-io      measure again which request size and depth read the\n"
@@ -46,6 +53,7 @@ int main(int argc, char **argv)
 		{ "socket", required_argument, NULL, 's' },
 		{ "fuse", required_argument, NULL, 'f' },
 		{ "budget", required_argument, NULL, 'b' },
+		{ "mode", required_argument, NULL, 'm' },
 		{ "resident", required_argument, NULL, 'r' },
 		{ "window", required_argument, NULL, 'w' },
 		{ "probe-io", no_argument, NULL, 'P' },
@@ -56,7 +64,7 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct pager_config cfg = { .resident = -1 };
+	struct pager_config cfg = { .resident = -1, .budget_auto = true };
 	struct pager *p;
 	char err[512];
 	int c, rc;
@@ -64,7 +72,7 @@ int main(int argc, char **argv)
 	if (argc == 3 && !strcmp(argv[1], "--fuse-guard"))
 		return pager_fuse_guard((unsigned)strtoul(argv[2], NULL, 10));
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":s:f:b:r:w:vh", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":s:f:b:m:r:w:vh", lo, NULL)) != -1) {
 		char *end;
 		long v;
 
@@ -76,11 +84,22 @@ int main(int argc, char **argv)
 			cfg.fuse_dir = optarg;
 			break;
 		case 'b':
-			if (pager_parse_size(optarg, &cfg.budget)) {
-				fprintf(stderr, "stratad: invalid --budget '%s' (bytes, or 512M, 8G ...)\n",
+			cfg.budget_auto = !strcmp(optarg, "auto");
+			if (!cfg.budget_auto && (pager_parse_size(optarg, &cfg.budget) || !cfg.budget)) {
+				fprintf(stderr,
+					"stratad: invalid --budget '%s' (auto, bytes, or 512M, 8G ...)\n",
 					optarg);
 				return 1;
 			}
+			break;
+		case 'm':
+			if (strcmp(optarg, "speed") && strcmp(optarg, "balanced") &&
+			    strcmp(optarg, "context")) {
+				fprintf(stderr, "stratad: invalid --mode '%s' (speed, balanced or context)\n",
+					optarg);
+				return 1;
+			}
+			cfg.mode = optarg;
 			break;
 		case 'r':
 		case 'w':

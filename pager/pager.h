@@ -48,6 +48,10 @@ void pager_log_errno(enum pager_log_level level, int err, const char *fmt, ...)
 struct pager_config {
 	const char *socket_path;
 	uint64_t budget;        /* bytes; 0 = no limit (every layer resident) */
+	bool budget_auto;       /* budget: the memory limit the daemon runs under
+				 * (its cgroup's, else MemAvailable) less a reserve,
+				 * followed as it changes (budget.c) */
+	const char *mode;       /* "speed" (NULL), "balanced", "context": plan_i.h */
 	int resident;           /* layers kept resident; -1 = as many as fit */
 	unsigned window;        /* streamed layers read ahead; 0 = default (2) */
 	unsigned n_models;

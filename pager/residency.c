@@ -189,39 +189,42 @@ uint64_t pager_declared_connected(const struct pager *p)
 	return d;
 }
 
-/* Client c needs `bytes` of its own (its KV cache and buffers): reserve
- * them from the budget and re-plan every model. */
+/* Client c (active) needs `bytes` of its own (its KV cache and buffers):
+ * reserve them from the budget and re-plan every model.  More than the
+ * budget can give the engines beside what streaming needs is refused: the
+ * client is dropped with both numbers, the others are not disturbed. */
 void pager_declare(struct client *c, uint64_t bytes)
 {
 	struct pager *p = c->p;
-	uint64_t d;
+	uint64_t others = pager_declared_connected(p) - c->declared, d;
+	uint64_t limit = plan_engine_limit(&p->plan, p->plan_models, p->n_models);
 
+	if (bytes > limit || others > limit - bytes) {
+		char why[256];
+
+		snprintf(why, sizeof(why),
+			 "it needs %.1f MiB of its own, and the budget leaves %.1f MiB for engines "
+			 "(%.1f MiB, less the %.1f MiB streaming needs%s)",
+			 bytes / 1048576.0, (limit - (others < limit ? others : limit)) / 1048576.0,
+			 p->cfg.budget / 1048576.0, p->plan.minimum / 1048576.0,
+			 others ? ", less what other engines declared" : "");
+		pager_drop_client(c, why);
+		return;
+	}
 	c->declared = bytes;
 	d = pager_declared_connected(p);
 	if (d)
 		p->declared_hold = d;
 	pager_log(PAGER_LOG_NOTICE, "client pid %d declares %.1f MiB of its own (engines: %.1f MiB in all)",
 		  (int)c->pid, bytes / 1048576.0, pager_declared(p) / 1048576.0);
-	for (unsigned i = 0; i < p->n_models; i++) {
-		pager_plan(&p->models[i]);
-		pager_policy_advance(&p->models[i]);
-	}
+	pager_replan(p);
 }
 
-/* What this model may hold: its share of the budget once clients' own
- * memory is set aside (models split the budget by size). */
+/* What this model may hold (plan.c's allowance): its minimum, and its share
+ * of what the engines and the mode leave of the budget. */
 uint64_t pager_allowance(const struct model *m)
 {
-	const struct pager *p = m->p;
-	uint64_t total = 0, d = pager_declared(p);
-
-	if (!p->cfg.budget)
-		return UINT64_MAX;
-	for (unsigned i = 0; i < p->n_models; i++)
-		total += p->models[i].lay->map_size;
-	if (d >= p->cfg.budget)
-		return 0;
-	return (uint64_t)((double)(p->cfg.budget - d) * m->lay->map_size / total);
+	return m->p->plan_models[m->idx].allowance;
 }
 
 /* ---- mapping into clients --------------------------------------------- */
@@ -737,100 +740,86 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 
 /* ---- policy ----------------------------------------------------------- */
 
-/*
- * The order in which layers become resident as the plan grows: each next
- * layer is the one farthest (cyclically: after the last layer comes layer 0
- * of the next token) from those already chosen, ties to the lowest index.
- * Any prefix is spread evenly over the model, so streamed layers have
- * resident neighbours whose compute time hides their reads, and the sets are
- * nested: a plan that grows or shrinks by k layers (a client's declared
- * memory, pressure) loads or evicts k layers and keeps every other one.
- * -ENOMEM, or 0.
- */
+/* The order layers become resident in (plan.c): m->rank. -ENOMEM, or 0. */
 int pager_plan_init(struct model *m)
 {
-	unsigned L = m->lay->n_layers, *order = calloc(L ? L : 1, sizeof(*order));
-	bool *chosen = calloc(L ? L : 1, sizeof(*chosen));
+	unsigned L = m->lay->n_layers;
 
 	m->rank = calloc(L ? L : 1, sizeof(*m->rank));
-	if (!order || !chosen || !m->rank) {
-		free(order);
-		free(chosen);
+	if (!m->rank)
 		return -ENOMEM;
-	}
-	for (unsigned n = 0; n < L; n++) {
-		unsigned best = 0, best_d = 0;
-
-		for (unsigned l = 0; l < L; l++) {
-			unsigned d = L;
-
-			if (chosen[l])
-				continue;
-			for (unsigned k = 0; k < n; k++) {
-				unsigned a = (l + L - order[k]) % L, b = (order[k] + L - l) % L;
-
-				if (a < d)
-					d = a;
-				if (b < d)
-					d = b;
-			}
-			if (d > best_d) {
-				best_d = d;
-				best = l;
-			}
-		}
-		order[n] = best;
-		chosen[best] = true;
-		m->rank[best] = n;
-	}
-	free(order);
-	free(chosen);
-	return 0;
+	return plan_order(L, m->rank);
 }
 
-/* Mark n layers resident: the first n of the spread order (pager_plan_init). */
-void pager_plan(struct model *m)
+/* The most of m's sparse tensor (the embedding, read a block at a time)
+ * that is kept in memory. */
+static uint64_t sparse_held(const struct model *m)
 {
-	const struct pager *p = m->p;
-	unsigned L = m->lay->n_layers, n;
-	uint64_t allow = pager_allowance(m), fixed;
+	return m->lay->sparse.len < PAGER_SPARSE_CAP ? m->lay->sparse.len : PAGER_SPARSE_CAP;
+}
 
-	if (p->cfg.resident >= 0) {
-		n = (unsigned)p->cfg.resident < L ? (unsigned)p->cfg.resident : L;
-	} else if (!p->cfg.budget) {
-		n = L;
-	} else {
-		uint64_t avg = L ? (m->lay->map_size - m->lay->units[0].bytes) / L : 0;
-		unsigned w = p->window < L ? p->window : L;
+/* Its layers' bytes. */
+static uint64_t layer_bytes(const struct model *m)
+{
+	uint64_t n = 0;
 
-		/* streamed layers in memory at once: the one the engine is in,
-		 * plus the window being read ahead of it */
-		fixed = m->lay->units[0].bytes + (uint64_t)(w + 1) * m->lay->max_layer_bytes;
-		if (m->lay->sparse.len)
-			fixed += PAGER_SPARSE_CAP;
-		/* the mount's staging buffers */
-		if (m->fuse_reader)
-			fixed += PAGER_FUSE_STAGING;
-		n = allow > fixed && avg ? (unsigned)((allow - fixed) / avg) : 0;
-		if (allow < fixed && !m->warned_small) {
-			pager_log(PAGER_LOG_WARNING,
-				  "%s: an allowance of %.1f MiB is below the %.1f MiB that streaming "
-				  "needs (the other tensors and %u layers); memory use will exceed it "
-				  "(a smaller --window needs less)",
-				  m->name, allow / 1048576.0, fixed / 1048576.0,
-				  w + 1);
-			m->warned_small = true;
-		}
-		if (n > L)
-			n = L;
-		if (n + w > L) /* streaming fewer than `window` layers */
-			n = allow >= m->lay->map_size ? L : (L > w ? L - w : 0);
+	for (unsigned u = 1; u < m->lay->n_units; u++)
+		n += m->lay->units[u].bytes;
+	return n;
+}
+
+/* What m holds with every layer resident: no slots, the sparse cache. */
+static uint64_t full_bytes(const struct model *m)
+{
+	return m->lay->units[0].bytes + layer_bytes(m) + sparse_held(m);
+}
+
+/* What streaming model m needs at least (plan.c): with a FUSE mount, its
+ * staging buffers too. */
+uint64_t pager_minimum(const struct model *m, const struct pager *p)
+{
+	return plan_minimum(full_bytes(m), m->lay->units[0].bytes, m->lay->max_layer_bytes,
+			    m->lay->n_layers, p->window, sparse_held(m),
+			    p->cfg.fuse_dir ? PAGER_FUSE_STAGING : 0);
+}
+
+/* Share the budget (plan.c) and mark each model's resident layers: the
+ * first n_resident of its spread order. */
+void pager_plan(struct pager *p)
+{
+	p->plan.budget = p->cfg.budget;
+	p->plan.declared = pager_declared(p);
+	p->plan.resident = p->cfg.resident;
+	for (unsigned i = 0; i < p->n_models; i++) {
+		const struct model *m = &p->models[i];
+		struct plan_model *pm = &p->plan_models[i];
+		unsigned L = m->lay->n_layers;
+
+		pm->full = full_bytes(m) + (p->cfg.fuse_dir ? PAGER_FUSE_STAGING : 0);
+		pm->minimum = pager_minimum(m, p);
+		pm->layer_bytes = L ? layer_bytes(m) / L : 0;
+		pm->n_layers = L;
+		pm->window = p->window;
+		pm->shed = m->shed;
 	}
-	n = n > m->shed ? n - m->shed : 0;
-	m->n_resident = n;
-	m->us[0].resident = true;
-	for (unsigned l = 0; l < L; l++)
-		m->us[l + 1].resident = m->rank[l] < n;
+	plan_compute(&p->plan, p->plan_models, p->n_models);
+	for (unsigned i = 0; i < p->n_models; i++) {
+		struct model *m = &p->models[i];
+		unsigned n = p->plan_models[i].n_resident;
+
+		m->n_resident = n;
+		m->us[0].resident = true;
+		for (unsigned l = 0; l < m->lay->n_layers; l++)
+			m->us[l + 1].resident = m->rank[l] < n;
+	}
+}
+
+/* Plan again and carry it out in every model. */
+void pager_replan(struct pager *p)
+{
+	pager_plan(p);
+	for (unsigned i = 0; i < p->n_models; i++)
+		pager_policy_advance(&p->models[i]);
 }
 
 /* Is streamed unit u within `window` streamed layers ahead of a client of m
@@ -1149,43 +1138,6 @@ void pager_on_uffd(struct client *c)
 
 
 /* ---- memory pressure -------------------------------------------------- */
-
-/*
- * Memory pressure (a PSI trigger, or SIGUSR1 from an operator who wants
- * memory back now): demote a quarter of each model's resident layers to
- * streaming; their pages are evicted as soon as no engine needs them.  The
- * demotion stays until restore (SIGUSR2).
- */
-void pager_on_pressure(struct pager *p, const char *what)
-{
-	p->pressure_events++;
-	for (unsigned i = 0; i < p->n_models; i++) {
-		struct model *m = &p->models[i];
-		unsigned before = m->n_resident;
-
-		m->shed += (m->n_resident + 3) / 4;
-		pager_plan(m);
-		if (m->n_resident < before)
-			pager_log(PAGER_LOG_NOTICE,
-				  "%s: %s: %u resident layers now stream (%u left)",
-				  m->name, what, before - m->n_resident, m->n_resident);
-		pager_policy_advance(m);
-	}
-}
-
-void pager_on_restore(struct pager *p)
-{
-	for (unsigned i = 0; i < p->n_models; i++) {
-		struct model *m = &p->models[i];
-
-		m->shed = 0;
-		pager_plan(m);
-		pager_log(PAGER_LOG_NOTICE, "%s: residency restored (%u layers resident)", m->name,
-			  m->n_resident);
-		pager_policy_advance(m);
-	}
-}
-
 
 /* ---- NUMA placement --------------------------------------------------- */
 

@@ -26,6 +26,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -131,10 +132,7 @@ static void reap_dead(struct pager *p)
 		}
 	}
 	if (any)
-		for (unsigned i = 0; i < p->n_models; i++) {
-			pager_plan(&p->models[i]);
-			pager_policy_advance(&p->models[i]);
-		}
+		pager_replan(p);
 }
 
 static struct model *find_model(struct pager *p, const char *name, size_t len)
@@ -266,8 +264,7 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 	if (c->declared) { /* HELLO's: re-plans every model */
 		pager_declare(c, c->declared);
 	} else {
-		pager_plan(m);
-		pager_policy_advance(m);
+		pager_replan(p);
 	}
 	for (unsigned u = 0; u < m->lay->n_units && !c->dead; u++)
 		if (m->us[u].state == U_LOADED) {
@@ -447,21 +444,23 @@ static void on_accept(struct pager *p)
 }
 
 
-static int open_psi(void)
-{
-	int fd = open("/proc/pressure/memory", O_RDWR | O_NONBLOCK | O_CLOEXEC);
-
-	if (fd < 0)
-		return -1;
-	if (write(fd, PSI_TRIGGER, strlen(PSI_TRIGGER) + 1) < 0) {
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-
 /* ---- set-up ----------------------------------------------------------- */
+
+/* "a budget of B is below the M that streaming needs (name: x MiB, ...)" */
+static void below_minimum(const struct pager *p, char *err, size_t errlen)
+{
+	size_t n = (size_t)snprintf(err, errlen,
+				    "a budget of %.1f MiB is below the %.1f MiB that streaming needs "
+				    "(the other tensors and %u layers of each model%s:",
+				    p->cfg.budget / 1048576.0, p->plan.minimum / 1048576.0,
+				    p->window + 1, p->cfg.fuse_dir ? ", the mount's buffers" : "");
+
+	for (unsigned i = 0; i < p->n_models && n < errlen; i++)
+		n += (size_t)snprintf(err + n, errlen - n, "%s %s %.1f MiB", i ? "," : "",
+				      p->models[i].name, p->plan_models[i].minimum / 1048576.0);
+	if (n < errlen)
+		snprintf(err + n, errlen - n, "; a smaller --window needs less)");
+}
 
 static int open_model(struct pager *p, struct model *m, const char *path, char *err,
 		      size_t errlen)
@@ -701,14 +700,22 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 	p->cfg = *cfg;
 	p->window = cfg->window ? cfg->window : DEFAULT_WINDOW;
 	p->page = (uint64_t)sysconf(_SC_PAGESIZE);
-	p->epfd = p->lfd = p->sfd = p->psifd = -1;
+	p->epfd = p->lfd = p->sfd = p->pressure.fd = -1;
 	if (!cfg->n_models) {
 		snprintf(err, errlen, "no model to serve");
 		free(p);
 		return -EINVAL;
 	}
+	if (cfg->mode && plan_mode_parse(cfg->mode, &p->plan.mode)) {
+		snprintf(err, errlen, "unknown mode '%s' (speed, balanced or context)", cfg->mode);
+		free(p);
+		return -EINVAL;
+	}
 	p->models = calloc(cfg->n_models, sizeof(*p->models));
-	if (!p->models) {
+	p->plan_models = calloc(cfg->n_models, sizeof(*p->plan_models));
+	if (!p->models || !p->plan_models) {
+		free(p->models);
+		free(p->plan_models);
 		free(p);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
@@ -719,6 +726,18 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		p->n_models = i + 1;
 		if (rc)
 			goto fail;
+	}
+	if (cfg->budget_auto) {
+		rc = pager_budget_measure(p, &p->budget);
+		if (rc) {
+			snprintf(err, errlen, "no budget given, and MemAvailable could not be read: %s",
+				 strerror(-rc));
+			goto fail;
+		}
+		p->cfg.budget = p->budget.bytes;
+	} else {
+		p->budget.source = cfg->budget ? BUDGET_GIVEN : BUDGET_NONE;
+		p->budget.bytes = cfg->budget;
 	}
 	choose_io(p);
 	p->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -735,16 +754,19 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGUSR1);
 	sigaddset(&mask, SIGUSR2);
+	sigaddset(&mask, SIGALRM);
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	p->sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-	p->psifd = open_psi();
-	if (p->psifd < 0)
-		pager_log(PAGER_LOG_NOTICE, "no PSI memory trigger (%s): memory pressure is not watched",
-			  strerror(errno));
+	rc = pager_pressure_open(p);
+	if (rc)
+		pager_log_errno(PAGER_LOG_NOTICE, rc,
+				"no PSI memory trigger on %s: memory pressure is not watched",
+				p->pressure.path);
 	if ((rc = watch(p, p->lfd, EPOLLIN, EV(EV_LISTEN, p))) ||
 	    (rc = watch(p, p->sfd, EPOLLIN, EV(EV_SIGNAL, p))) ||
 	    (rc = watch(p, pio_fd(p->io), EPOLLIN, EV(EV_IO, p))) ||
-	    (p->psifd >= 0 && (rc = watch(p, p->psifd, EPOLLPRI, EV(EV_PSI, p))))) {
+	    (p->pressure.fd >= 0 &&
+	     (rc = watch(p, p->pressure.fd, EPOLLPRI, EV(EV_PSI, p))))) {
 		snprintf(err, errlen, "epoll: %s", strerror(-rc));
 		goto fail;
 	}
@@ -753,11 +775,16 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		if (rc)
 			goto fail;
 	}
+	pager_plan(p);
+	if (p->cfg.budget && p->cfg.budget < p->plan.minimum) {
+		below_minimum(p, err, errlen);
+		rc = -EINVAL;
+		goto fail;
+	}
+	pager_replan(p);
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct model *m = &p->models[i];
 
-		pager_plan(m);
-		pager_policy_advance(m);
 		pager_log(PAGER_LOG_NOTICE,
 			  "serving %s: %.1f MiB, %u layers (largest %.1f MiB), %u planned resident",
 			  m->name, m->lay->file_size / 1048576.0, m->lay->n_layers,
@@ -774,8 +801,14 @@ int pager_run(struct pager *p)
 {
 	struct epoll_event evs[32];
 
+	/* pager_on_tick, once a second, through the signalfd */
+	const struct itimerval tick = { { 1, 0 }, { 1, 0 } };
+
 	pager_log(PAGER_LOG_NOTICE, "listening on %s (budget %.1f MiB, window %u)", p->sock_path,
 		  p->cfg.budget / 1048576.0, p->window);
+	if (setitimer(ITIMER_REAL, &tick, NULL))
+		pager_log_errno(PAGER_LOG_WARNING, errno, "setitimer: no pressure relief, no budget "
+				"following");
 	while (!p->stop) {
 		int n = epoll_wait(p->epfd, evs, 32, -1);
 
@@ -797,7 +830,9 @@ int pager_run(struct pager *p)
 
 				if (read(p->sfd, &si, sizeof(si)) != sizeof(si))
 					break;
-				if (si.ssi_signo == SIGUSR1) {
+				if (si.ssi_signo == SIGALRM) {
+					pager_on_tick(p);
+				} else if (si.ssi_signo == SIGUSR1) {
 					pager_on_pressure(p, "SIGUSR1");
 				} else if (si.ssi_signo == SIGUSR2) {
 					pager_on_restore(p);
@@ -857,6 +892,7 @@ void pager_destroy(struct pager *p)
 	for (unsigned i = 0; i < p->n_models; i++)
 		close_model(&p->models[i]);
 	free(p->models);
+	free(p->plan_models);
 	if (p->lfd >= 0) {
 		close(p->lfd);
 		unlink(p->sock_path);
@@ -864,8 +900,7 @@ void pager_destroy(struct pager *p)
 	free(p->sock_path);
 	if (p->sfd >= 0)
 		close(p->sfd);
-	if (p->psifd >= 0)
-		close(p->psifd);
+	pager_pressure_close(p);
 	if (p->epfd >= 0)
 		close(p->epfd);
 	free(p);

@@ -12,6 +12,7 @@
 #include "io_i.h"
 #include "pager.h"
 #include "pager_i.h"
+#include "plan_i.h"
 
 #include <linux/userfaultfd.h>
 #include <stdbool.h>
@@ -21,7 +22,8 @@
 #define DEFAULT_WINDOW 2
 #define MAX_CLIENTS 256
 /* 150 ms stalled within 2 s (windows must be multiples of 2 s for
- * processes without CAP_SYS_RESOURCE, and were refused otherwise here). */
+ * processes without CAP_SYS_RESOURCE, and were refused otherwise here):
+ * pressure.c. */
 #define PSI_TRIGGER "some 150000 2000000"
 
 enum ustate { U_ABSENT, U_LOADING, U_LOADED, U_EVICTING };
@@ -111,7 +113,6 @@ struct model {
 	uint64_t cache_bytes;    /* units (partly) in the mount's page cache */
 	uint64_t fuse_lookups;   /* the kernel's references to the file's inode */
 	bool fuse_inode;         /* the kernel has the file's inode (it was opened) */
-	bool warned_small;       /* the budget cannot hold the streaming window */
 	/* Streaming slots (residency.c): a second memfd whose pages are reused
 	 * for one streamed layer after another.  n_slots 0: none (--fuse). */
 	int slotfd;
@@ -167,17 +168,48 @@ struct client {
 	uint32_t remap_seq;
 };
 
+/* Where the budget comes from (budget.c). */
+enum budget_source { BUDGET_NONE, BUDGET_GIVEN, BUDGET_CGROUP_V1, BUDGET_CGROUP_V2,
+		     BUDGET_MEMAVAILABLE };
+
+struct budget {
+	enum budget_source source;
+	char where[256];  /* the cgroup, or /proc/meminfo */
+	uint64_t limit;   /* the limit measured */
+	uint64_t reserve; /* kept back from it */
+	uint64_t bytes;   /* the budget: limit - reserve */
+	bool warned;      /* the cgroup could not be read: said once */
+};
+
+/* Memory pressure and the response to it (pressure.c). */
+struct pressure {
+	int fd;                    /* the PSI trigger, -1: none */
+	char path[300];            /* its file */
+	uint64_t sample_ns, sample_total; /* the last tick's reading */
+	double rate;               /* stalls, us per second, over the last tick */
+	double rate_before;        /* ... before the last shed */
+	uint64_t shed_ns;          /* the last shed, until judged; 0: none */
+	uint64_t judged_ns;        /* when the last shed was judged */
+	uint64_t paused_until_ns;  /* triggers ignored until then */
+	unsigned calm_s;           /* seconds in a row below the calm rate */
+	uint64_t sheds, helped, futile, ignored;
+};
+
 struct pager {
 	struct pager_fuse *fuse; /* NULL without --fuse */
 	struct pager_config cfg;
 	unsigned window;
-	int epfd, lfd, sfd, psifd;
+	int epfd, lfd, sfd;
+	struct pressure pressure;
 	struct pager_io *io;
 	struct pio_params io_params; /* the reader's request size and depth */
 	char io_cache[4096];         /* where they are remembered */
 	const char *io_why;          /* why the defaults, when they are used */
 	struct model *models;
 	unsigned n_models;
+	struct budget budget;           /* where cfg.budget comes from (budget.c) */
+	struct plan plan;               /* how the budget is shared (plan.c) */
+	struct plan_model *plan_models; /* per model, its inputs and share */
 	struct client *clients;
 	unsigned n_clients;
 	uint64_t page;
@@ -207,13 +239,13 @@ void pager_declare(struct client *c, uint64_t bytes);
 /* What the model holds against its allowance: memfd, page cache, sparse. */
 uint64_t pager_held(const struct model *m);
 int pager_plan_init(struct model *m);
-void pager_plan(struct model *m);
+uint64_t pager_minimum(const struct model *m, const struct pager *p);
+void pager_plan(struct pager *p);
+void pager_replan(struct pager *p);
 void pager_policy_advance(struct model *m);
 void pager_map_unit(struct client *c, unsigned u);
 void pager_on_uffd(struct client *c);
 void pager_io_done(void *tag, int err, uint64_t bytes, bool last, void *arg);
-void pager_on_pressure(struct pager *p, const char *what);
-void pager_on_restore(struct pager *p);
 void pager_place(struct model *m, pid_t pid);
 bool pager_page_shared(const struct model *m, unsigned u, uint64_t off);
 bool pager_wants_mem(const struct model *m, unsigned u);
@@ -226,6 +258,25 @@ void pager_slots_destroy(struct model *m);
 void pager_slots_attach(struct client *c);
 void pager_on_remapped(struct client *c, uint32_t seq);
 void pager_slots_forget(struct client *c);
+
+/* pressure.c */
+/* Open the PSI trigger (p->pressure.fd).  0 or -errno. */
+int pager_pressure_open(struct pager *p);
+void pager_pressure_close(struct pager *p);
+/* The trigger fired (or SIGUSR1, `what`): demote resident layers. */
+void pager_on_pressure(struct pager *p, const char *what);
+/* SIGUSR2: every demoted layer back. */
+void pager_on_restore(struct pager *p);
+/* Once a second: judge the last shed, restore when calm, follow the budget. */
+void pager_on_tick(struct pager *p);
+
+/* budget.c */
+/* The automatic budget now, into b.  0 or -errno (MemAvailable unreadable). */
+int pager_budget_measure(const struct pager *p, struct budget *b);
+/* With an automatic budget, measure again; re-plan when it moved.  True if
+ * it did. */
+bool pager_budget_follow(struct pager *p);
+const char *pager_budget_source_name(enum budget_source s);
 
 /* server.c */
 void pager_drop_client(struct client *c, const char *why);

@@ -102,6 +102,44 @@ static void sb_json(struct sbuf *b, const char *s)
 	}
 }
 
+/* The budget, the plan and the pressure, as text. */
+static void render_plan(struct sbuf *s, const struct pager *p)
+{
+	static const char *const why[] = {
+		[PLAN_SPEED] = "resident layers get all but what the engines declare",
+		[PLAN_BALANCED] = "a quarter of the rest stays free for the engines' context",
+		[PLAN_CONTEXT] = "half of the rest stays free for the engines' context",
+	};
+	const struct budget *b = &p->budget;
+	const struct pressure *ps = &p->pressure;
+
+	switch (b->source) {
+	case BUDGET_NONE:
+		sb(s, "budget        none: every layer resident\n");
+		break;
+	case BUDGET_GIVEN:
+		sb(s, "budget        %.1f MiB (--budget)\n", p->cfg.budget / 1048576.0);
+		break;
+	default:
+		sb(s, "budget        %.1f MiB (auto): %s %.1f MiB, less %.1f MiB kept back\n",
+		   p->cfg.budget / 1048576.0,
+		   b->source == BUDGET_MEMAVAILABLE ? "memory available and in use"
+						    : "the memory cgroup's limit",
+		   b->limit / 1048576.0, b->reserve / 1048576.0);
+	}
+	sb(s, "plan          %s: streaming needs %.1f MiB; %s (%.1f MiB for engines)\n",
+	   plan_mode_name(p->plan.mode), p->plan.minimum / 1048576.0, why[p->plan.mode],
+	   p->plan.engines / 1048576.0);
+	if (ps->fd < 0) {
+		sb(s, "pressure      not watched\n");
+		return;
+	}
+	sb(s, "pressure      %s: stalls %.1f ms/s; %llu sheds (%llu relieved it, %llu did not), "
+	      "%llu events ignored\n",
+	   ps->path, ps->rate / 1e3, (unsigned long long)ps->sheds, (unsigned long long)ps->helped,
+	   (unsigned long long)ps->futile, (unsigned long long)ps->ignored);
+}
+
 void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size_t *len)
 {
 	struct sbuf s = { out, cap, 0 };
@@ -112,6 +150,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		read_all += p->models[j].bytes_read;
 
 	const struct pio_params *io = &p->io_params;
+	const struct pressure *ps = &p->pressure;
 	double achieved = busy > 0 ? read_all / busy / 1e9 : 0;
 
 	if (json) {
@@ -119,6 +158,24 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		       "\"pressure_events\": %llu, ",
 		   (int)getpid(), (unsigned long long)p->cfg.budget,
 		   (unsigned long long)pager_declared(p), (unsigned long long)p->pressure_events);
+		sb(&s, "\"budget\": {\"source\": \"%s\", \"where\": \"",
+		   pager_budget_source_name(p->budget.source));
+		sb_json(&s, p->budget.where);
+		sb(&s, "\", \"limit_bytes\": %llu, \"reserve_bytes\": %llu}, ",
+		   (unsigned long long)p->budget.limit, (unsigned long long)p->budget.reserve);
+		sb(&s, "\"plan\": {\"mode\": \"%s\", \"minimum_bytes\": %llu, "
+		       "\"engines_bytes\": %llu, \"engine_limit_bytes\": %llu, \"layers_bytes\": %llu}, ",
+		   plan_mode_name(p->plan.mode), (unsigned long long)p->plan.minimum,
+		   (unsigned long long)p->plan.engines,
+		   (unsigned long long)(p->cfg.budget && p->cfg.budget > p->plan.minimum
+					? p->cfg.budget - p->plan.minimum : 0),
+		   (unsigned long long)(p->plan.layers == UINT64_MAX ? 0 : p->plan.layers));
+		sb(&s, "\"pressure\": {\"watching\": \"");
+		sb_json(&s, ps->fd >= 0 ? ps->path : "");
+		sb(&s, "\", \"stall_us_per_s\": %.0f, \"sheds\": %llu, \"helped\": %llu, "
+		       "\"futile\": %llu, \"ignored\": %llu}, ",
+		   ps->rate, (unsigned long long)ps->sheds, (unsigned long long)ps->helped,
+		   (unsigned long long)ps->futile, (unsigned long long)ps->ignored);
 		sb(&s, "\"io\": {\"chunk_bytes\": %llu, \"depth\": %u, \"source\": \"%s\", "
 		       "\"probed_gbps\": %.3f, \"probed_time\": %lld, \"cache\": \"",
 		   (unsigned long long)io->chunk, io->depth, io_source[io->source], io->gbps,
@@ -128,6 +185,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		       "\"models\": [",
 		   (unsigned long long)read_all, busy * 1e3, achieved);
 	} else {
+		render_plan(&s, p);
 		sb(&s, "reads         %g MiB requests, %u in flight", io->chunk / 1048576.0, io->depth);
 		if (io->gbps > 0)
 			sb(&s, ": the fastest measured on this device, %.2f GB/s (%s)\n", io->gbps,
@@ -155,6 +213,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			sb_json(&s, m->real);
 			sb(&s, "\", \"file_bytes\": %llu, "
 			       "\"budget_bytes\": %llu, \"allowance_bytes\": %llu, "
+			       "\"minimum_bytes\": %llu, \"shed\": %u, "
 			       "\"resident_bytes\": %llu, \"resident_layers_planned\": %u, "
 			       "\"bytes_read\": %llu, \"read_mbps\": %.1f, \"fault_wait_ms\": %.3f, "
 			       "\"memfd_bytes\": %llu, \"page_cache_bytes\": %llu, "
@@ -165,6 +224,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			   (unsigned long long)m->lay->file_size,
 			   (unsigned long long)p->cfg.budget,
 			   (unsigned long long)(pager_allowance(m) == UINT64_MAX ? 0 : pager_allowance(m)),
+			   (unsigned long long)p->plan_models[i].minimum, m->shed,
 			   (unsigned long long)resident, m->n_resident,
 			   (unsigned long long)m->bytes_read, tput, m->fault_wait_ns / 1e6,
 			   (unsigned long long)m->mem_bytes, (unsigned long long)m->cache_bytes,
@@ -206,15 +266,19 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			continue;
 		}
 		sb(&s, "model %s (%s)\n", m->name, m->real);
-		sb(&s, "  budget      %.1f MiB%s, allowance %.1f MiB\n", p->cfg.budget / 1048576.0,
-		   p->cfg.budget ? "" : " (no limit)",
+		sb(&s, "  budget      %.1f MiB%s, allowance %.1f MiB (streaming needs %.1f MiB)\n",
+		   p->cfg.budget / 1048576.0, p->cfg.budget ? "" : " (no limit)",
 		   pager_allowance(m) == UINT64_MAX ? m->lay->map_size / 1048576.0
-					      : pager_allowance(m) / 1048576.0);
+					      : pager_allowance(m) / 1048576.0,
+		   p->plan_models[i].minimum / 1048576.0);
 		sb(&s, "  engines     %.1f MiB declared (KV cache, buffers), set aside from the budget%s\n",
 		   pager_declared(p) / 1048576.0, engines_held(p) ? " (held for the next engine)" : "");
-		sb(&s, "  resident    %.1f MiB of %.1f MiB, %u of %u layers planned resident\n",
+		sb(&s, "  resident    %.1f MiB of %.1f MiB, %u of %u layers planned resident",
 		   resident / 1048576.0, m->lay->file_size / 1048576.0, m->n_resident,
 		   m->lay->n_layers);
+		if (m->shed)
+			sb(&s, " (%u shed under memory pressure)", m->shed);
+		sb(&s, "\n");
 		sb(&s, "  layers      [");
 		for (unsigned u = 1; u < m->lay->n_units; u++)
 			sb(&s, "%c", state_char(m, u));

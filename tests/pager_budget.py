@@ -2,14 +2,17 @@
 """The budget holds: a model twice the budget generates inside a memory cgroup.
 
 A synthetic llama model (mostly layers) is served by stratad with --budget of
-half its size; stratad and the engine both run inside a cgroup-v1 memory
-cgroup whose limit is the budget plus the engine's own needs (code, heap,
-tokenizer, page tables: OVERHEAD below).  The engine must generate all its
-tokens (no OOM kill), the cgroup's peak usage must stay under the limit, and
-the limit must never have been hit (failcnt: the kernel had to reclaim).
-Twice: `strata run --pager` (userfaultfd), then plain `strata run` of the
-file in stratad's FUSE mount, whose page cache the daemon keeps in budget.
-Needs root and the v1 memory controller; skips (77) otherwise.
+half its size and room for what the engine declares (its heap and KV cache:
+ENGINE below); stratad and the engine both run inside a cgroup-v1 memory
+cgroup whose limit is the budget plus what nobody declares (code, page
+tables: OVERHEAD below).  The engine must generate all its tokens (no OOM
+kill), the cgroup's peak usage must stay under the limit, and the limit must
+never have been hit (failcnt: the kernel had to reclaim).  Three times:
+`strata run --pager` (userfaultfd), plain `strata run` of the file in
+stratad's FUSE mount, whose page cache the daemon keeps in budget, and
+`strata run --pager` with no --budget: the daemon takes its budget from the
+cgroup's limit.  Needs root and the v1 memory controller; skips (77)
+otherwise.
 
 The same check on an 8B-shaped model is a benchmark: tools/bench-pager.sh.
 """
@@ -17,6 +20,7 @@ import json, os, signal, subprocess, sys, tempfile, time
 
 BUILD = os.environ["STRATA_BUILD"]
 CG_ROOT = "/sys/fs/cgroup/memory"
+ENGINE = 64 << 20
 OVERHEAD = 48 << 20
 
 if os.geteuid() != 0:
@@ -55,10 +59,11 @@ def cgread(name):
         return int(f.read())
 
 
-def serve_and_run(fuse):
-    """stratad (budget: half the model) and an engine in a fresh cgroup; the
-    engine maps the model through the pager (uffd) or the mount (plain mmap)."""
-    kind = "fuse" if fuse else "uffd"
+def serve_and_run(kind):
+    """stratad (budget: half the model and the engine's room) and an engine in
+    a fresh cgroup; the engine maps the model through the pager ("uffd",
+    "auto": the budget from the cgroup) or the mount ("fuse": plain mmap)."""
+    fuse = kind == "fuse"
     os.mkdir(cg)
     with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
         f.write(str(limit))
@@ -66,7 +71,9 @@ def serve_and_run(fuse):
     # staging copy: docs/design.md); half this small model holds the other
     # tensors and four layers, so the mount streams through a window of one.
     args = ["--fuse", mnt, "--window", "1"] if fuse else []
-    daemon = subprocess.Popen([STRATAD, "--socket", sock, "--budget", str(budget), *args, model],
+    if kind != "auto":
+        args += ["--budget", str(budget)]
+    daemon = subprocess.Popen([STRATAD, "--socket", sock, *args, model],
                               preexec_fn=into_cgroup, stderr=subprocess.PIPE)
     try:
         end = time.monotonic() + 30
@@ -76,12 +83,13 @@ def serve_and_run(fuse):
         r = subprocess.run([STRATA, "run", *src, "-p", "Once upon a time", "-n", "16", "-c",
                             "256", "--temp", "0"], preexec_fn=into_cgroup, capture_output=True,
                            text=True, timeout=300)
-        st = json.loads(subprocess.run([CTL, "--socket", sock, "status", "--json"],
-                                       capture_output=True, text=True).stdout)["models"][0]
+        top = json.loads(subprocess.run([CTL, "--socket", sock, "status", "--json"],
+                                        capture_output=True, text=True).stdout)
+        st = top["models"][0]
         peak = cgread("memory.max_usage_in_bytes")
         failcnt = cgread("memory.failcnt")
         streamed = sum(1 for l in st["layers"] if l["state"] != "resident")
-        print(f"{kind}: model {size >> 20} MiB, budget {budget >> 20} MiB, cgroup limit "
+        print(f"{kind}: model {size >> 20} MiB, budget {top['budget_bytes'] >> 20} MiB, cgroup limit "
               f"{limit >> 20} MiB, peak {peak >> 20} MiB, {st['resident_layers_planned']} of "
               f"{len(st['layers'])} layers resident, {st['bytes_read'] >> 20} MiB read")
         check(f"{kind}: the engine generated its tokens",
@@ -91,6 +99,14 @@ def serve_and_run(fuse):
         check(f"{kind}: the daemon is alive", daemon.poll() is None)
         check(f"{kind}: peak usage stayed under the limit", peak < limit, f"{peak} >= {limit}")
         check(f"{kind}: no allocation failed in the cgroup", failcnt == 0, str(failcnt))
+        if kind == "auto":
+            b = top["budget"]
+            check("auto: the budget is the cgroup's limit less the reserve",
+                  b["source"] == "cgroup-v1" and
+                  b["limit_bytes"] == cgread("memory.limit_in_bytes") and
+                  top["budget_bytes"] == b["limit_bytes"] - b["reserve_bytes"] and
+                  b["where"] == "/" + os.path.relpath(cg, CG_ROOT),
+                  f"{top['budget']}, budget {top['budget_bytes']}")
         if fuse:
             readers = [c for c in st["clients"] if c["kind"] == "fuse"]
             check("fuse: status shows the mount's reader", len(readers) == 1 and
@@ -112,17 +128,18 @@ try:
     subprocess.run([MKMODEL, "--shape", "llama-1b", "--layers", "8", "--vocab", "8000",
                     "--type", "q4_0", "-o", model], check=True, capture_output=True)
     size = os.path.getsize(model)
-    budget = size // 2
+    budget = size // 2 + ENGINE
     limit = budget + OVERHEAD
     # The model file was just written: its page cache belongs to us, not the
     # cgroup, and nothing in the cgroup reads it through the page cache (the
     # daemon reads with O_DIRECT).
-    serve_and_run(fuse=False)
+    serve_and_run("uffd")
     if os.path.exists("/dev/fuse"):
         os.mkdir(mnt)
-        serve_and_run(fuse=True)
+        serve_and_run("fuse")
     else:
         print("skip fuse: no /dev/fuse")
+    serve_and_run("auto")
 finally:
     subprocess.run(["rm", "-rf", tmp])
 sys.exit(1 if failed else 0)

@@ -420,13 +420,14 @@ def run_bench(m, sock, ctx, batch=32):
 
 
 def case_warm():
-    """A budget with room for some of the small model's 12 layers: the engine's
-    declared memory takes two of the seven the idle daemon plans.  The second
-    engine, started after the first exited, finds the same layers resident and
-    reads none of them again."""
+    """A budget with room for some of the small model's 12 layers (it needs
+    37 MiB to stream, 68 MiB to hold whole): the engine's declared memory takes
+    some of the six the idle daemon plans.  The second engine, started after
+    the first exited, finds the same layers resident and reads none of them
+    again."""
     m = long_model()
     name = os.path.basename(m)
-    d = Daemon([m], "--budget", "90M")
+    d = Daemon([m], "--budget", "60M")
     idle = d.model(name)["resident_layers_planned"]
     r1 = run_bench(m, d.sock, 256)
     wait_for(lambda: not d.model(name)["clients"], 10, "first engine detached")
@@ -453,10 +454,12 @@ def case_warm():
 def case_accounting():
     """What an engine allocates (KV cache, buffers) is declared, shown and
     taken from the budget.  The small shape's KV cache is 12 layers x (K, V)
-    x 4 KV heads x 64 x f16 = 12 KiB a token."""
+    x 4 KV heads x 64 x f16 = 12 KiB a token.  The budget holds the whole
+    model (68 MiB; 37 MiB streams it) when no engine is there, and leaves 38
+    MiB for engines."""
     m = long_model()
     name = os.path.basename(m)
-    d = Daemon([m], "--budget", "90M")
+    d = Daemon([m], "--budget", "75M")
     budget = d.status()["budget_bytes"]
     idle = d.model(name)["resident_layers_planned"]
     seen = {}
@@ -488,6 +491,59 @@ def case_accounting():
           big[3] <= small[3] < idle, f"idle {idle}, {small[3]}, {big[3]}")
     check("accounting: stratactl status shows it",
           f"{big[1] / 1048576:.1f} MiB declared" in big[4], big[4])
+
+
+def case_plan():
+    """What the budget cannot hold is refused with the numbers: a budget
+    below what streaming needs (exit 2, one line), an engine that declares
+    more than the budget leaves for engines (dropped, saying both numbers,
+    while the engine beside it goes on).  The mode is shown and shapes the
+    plan."""
+    m = long_model()
+    name = os.path.basename(m)
+    r = subprocess.run([STRATAD, "--socket", os.path.join(TMP, "small.sock"), "--budget", "1M", m],
+                       capture_output=True, text=True, timeout=30)
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    check("plan: a budget below the minimum is refused with exit 2 and the minimum",
+          r.returncode == 2 and "below the" in last and "MiB that streaming needs" in last and
+          name in last, f"{r.returncode}: {r.stderr}")
+
+    # The small shape needs 37 MiB to stream: 40 MiB more leaves room for an
+    # engine with a short context (about 10 MiB) but not for one with 8192
+    # tokens (96 MiB of KV cache).
+    d = Daemon([m])
+    minimum = d.model(name)["minimum_bytes"]
+    d.stop()
+    d = Daemon([m], "--budget", str(minimum + (40 << 20)))
+    a = start_engine(m, d.sock, extra=("-c", "256", "-b", "32"))
+    first_output(a)
+    b = subprocess.run([STRATA, "run", "-m", m, "--pager", d.sock, "-p", "hello", "-n", "4",
+                        "-c", "8192"], capture_output=True, text=True, timeout=60)
+    alive = a.poll() is None
+    st = d.model(name)
+    a.kill()
+    a_err = a.communicate()[1].decode(errors="replace")
+    d.stop()
+    check("plan: an engine declaring more than the budget leaves is refused with both numbers",
+          b.returncode == 2 and "needs" in b.stderr and "leaves" in b.stderr and
+          "MiB for engines" in b.stderr, f"{b.returncode}: {b.stderr}")
+    check("plan: the engine beside it goes on", alive and len(st["clients"]) == 1,
+          f"{alive} {st['clients']} {a_err[-300:]}")
+
+    budget = str(minimum + (30 << 20))
+    planned = {}
+    for mode in ("speed", "balanced", "context"):
+        d = Daemon([m], "--budget", budget, "--mode", mode)
+        top = d.status()
+        text = subprocess.run([CTL, "--socket", d.sock, "status"], capture_output=True,
+                              text=True).stdout
+        planned[mode] = d.model(name)["resident_layers_planned"]
+        d.stop()
+        check(f"plan: --mode {mode} is shown (JSON and text)",
+              top["plan"]["mode"] == mode and f"plan          {mode}:" in text and
+              top["budget"]["source"] == "given", text)
+    check("plan: speed keeps more layers than balanced, balanced more than context",
+          planned["speed"] > planned["balanced"] > planned["context"], str(planned))
 
 
 def device_key(path):
@@ -583,14 +639,14 @@ def case_fuse():
     # Streaming through the mount: a budget below the model's size, so layers are
     # stored ahead of the reader and dropped behind it, and the results are
     # still bit-identical (a dropped layer read again must come back whole).
-    # The budget holds the other tensors and the three layers a window of
-    # one needs on the mount (docs/design.md), and nothing more.
+    # The budget is what streaming through the mount needs (the other
+    # tensors, the two layers a window of one holds, the mount's buffers:
+    # docs/design.md), and nothing more.
     m = "tiny-llama-q4_0.gguf"
     p = os.path.join(FIX, "models", m)
-    d = Daemon([p])
-    st = d.model(m)
+    d = Daemon([p], "--window", "1", "--fuse", mnt)
+    budget = d.model(m)["minimum_bytes"]
     d.stop()
-    budget = st["other"]["bytes"] + 3 * max(l["bytes"] for l in st["layers"])
     d = Daemon([p], "--budget", str(budget), "--window", "1", "--fuse", mnt)
     a, b = os.path.join(TMP, m + ".plain2"), os.path.join(TMP, m + ".fuse2")
     ra = run_eval(p, tokens_of(m), a)
@@ -620,7 +676,7 @@ def case_fuse_kill():
     os.mkdir(mnt)
     m = "tiny-llama-q4_0.gguf"
     p = os.path.join(FIX, "models", m)
-    d = Daemon([p], "--resident", "0", "--window", "1", "--budget", "1", "--fuse", mnt)
+    d = Daemon([p], "--resident", "0", "--window", "1", "--fuse", mnt)
     e = subprocess.Popen([STRATA, "run", "-m", os.path.join(mnt, m), "-p", "Once upon a time",
                           "-n", "100000", "--temp", "0"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
@@ -652,7 +708,7 @@ CASES = {"identical": case_identical, "share": case_share,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
          "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse,
          "fuse-kill": case_fuse_kill, "warm": case_warm, "accounting": case_accounting,
-         "io-probe": case_io_probe}
+         "io-probe": case_io_probe, "plan": case_plan}
 
 for name in sys.argv[1:] or CASES:
     try:
