@@ -342,6 +342,9 @@ struct session {
 	const struct eng_hparams *hp;
 	const struct eng_tokenizer *tok;
 	uint64_t own_bytes; /* the process's heap once the model is loaded */
+	/* decode passes not yet reported to the pager (session_decode) */
+	uint32_t pass_tokens;
+	double pass_s, pass_since;
 };
 
 /*
@@ -436,6 +439,35 @@ static double now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/*
+ * eng_decode, timing decode passes for the pager: their wall time (waits on
+ * faults included) goes to the daemon about ten times a second, and its
+ * speed predictor learns the engine's compute time from it.
+ */
+static int session_decode(struct session *s, const int32_t *ids, size_t n, float *logits,
+			  bool all)
+{
+	double t0 = s->pc && n == 1 ? now_s() : 0;
+	int rc = eng_decode(s->ctx, ids, n, logits, all);
+
+	if (rc || !t0)
+		return rc;
+	double t1 = now_s();
+
+	if (!s->pass_tokens)
+		s->pass_since = t0;
+	s->pass_tokens++;
+	s->pass_s += t1 - t0;
+	if (t1 - s->pass_since >= 0.1) {
+		/* a full socket is a daemon that is not reading: the watchdog
+		 * notices it going away; a lost report only delays learning */
+		pager_client_report(s->pc, s->pass_tokens, (uint64_t)(s->pass_s * 1e9));
+		s->pass_tokens = 0;
+		s->pass_s = 0;
+	}
+	return 0;
 }
 
 static uint64_t peak_rss_bytes(void)
@@ -543,7 +575,7 @@ static int cmd_run(int argc, char **argv)
 		goto out;
 	}
 	t0 = now_s();
-	if (eng_decode(s.ctx, ids, n_ids, logits, false)) {
+	if (session_decode(&s, ids, n_ids, logits, false)) {
 		msg("%s: prompt evaluation failed", o.model);
 		rc = EXIT_BAD_INPUT;
 		goto out;
@@ -563,7 +595,7 @@ static int cmd_run(int argc, char **argv)
 			msg("context of %u tokens is full", eng_ctx_n_ctx(s.ctx));
 			break;
 		}
-		if (eng_decode(s.ctx, &next, 1, logits, false)) {
+		if (session_decode(&s, &next, 1, logits, false)) {
 			msg("%s: decoding failed", o.model);
 			rc = EXIT_BAD_INPUT;
 			goto out;
@@ -656,7 +688,7 @@ static int cmd_eval(int argc, char **argv)
 		rc = EXIT_BAD_INPUT;
 		goto out;
 	}
-	if (eng_decode(s.ctx, ids, n, logits, true)) {
+	if (session_decode(&s, ids, n, logits, true)) {
 		msg("%s: evaluation failed", o.model);
 		rc = EXIT_BAD_INPUT;
 		goto out;
@@ -800,7 +832,7 @@ static int bench_pairs(struct session *s, int32_t next, long n, unsigned threads
 		if (rc)
 			break;
 		t0 = now_s();
-		if (eng_decode(s->ctx, &next, 1, logits, false)) {
+		if (session_decode(s, &next, 1, logits, false)) {
 			rc = 1;
 			break;
 		}
@@ -894,7 +926,7 @@ static int cmd_bench(int argc, char **argv)
 		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx))
 			eng_ctx_reset(s.ctx);
 		t0 = now_s();
-		if (eng_decode(s.ctx, &tok, 1, logits, false))
+		if (session_decode(&s, &tok, 1, logits, false))
 			goto fail;
 		if (i == 0) {
 			cold_s = now_s() - t0;
@@ -903,12 +935,12 @@ static int cmd_bench(int argc, char **argv)
 	}
 	eng_ctx_reset(s.ctx);
 	t0 = now_s();
-	if (o.n_prompt && eng_decode(s.ctx, ids, (size_t)o.n_prompt, logits, false))
+	if (o.n_prompt && session_decode(&s, ids, (size_t)o.n_prompt, logits, false))
 		goto fail;
 	t1 = now_s();
 	int32_t next = o.n_prompt ? eng_argmax(logits, s.hp->n_vocab) : 0;
 	for (long i = 0; i < o.n_predict; i++) {
-		if (eng_decode(s.ctx, &next, 1, logits, false))
+		if (session_decode(&s, &next, 1, logits, false))
 			goto fail;
 		next = eng_argmax(logits, s.hp->n_vocab);
 	}

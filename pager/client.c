@@ -498,6 +498,15 @@ int pager_client_declare(struct pager_client *c, uint64_t bytes)
 	return proto_send(c->sock, PROTO_DECLARE, p, sizeof(p), -1);
 }
 
+int pager_client_report(struct pager_client *c, uint32_t tokens, uint64_t wall_ns)
+{
+	uint8_t p[PROTO_PASS_SIZE] = { 0 };
+
+	proto_put_u32(p, tokens);
+	proto_put_u64(p + 8, wall_ns);
+	return proto_send(c->sock, PROTO_PASS, p, sizeof(p), -1);
+}
+
 void pager_client_close(struct pager_client *c)
 {
 	uint64_t one = 1;

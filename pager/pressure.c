@@ -21,7 +21,8 @@
  * handed all of it back at once).
  *
  * pager_on_tick runs once a second (SIGALRM through the daemon's signalfd)
- * and does the judging, the restoring and the automatic budget's following.
+ * and does the judging, the restoring, the automatic budget's following
+ * and the speed predictor's bandwidth sample.
  */
 #include "server_i.h"
 
@@ -159,6 +160,7 @@ void pager_on_tick(struct pager *p)
 	bool any_shed = false;
 
 	pager_budget_follow(p);
+	pager_predict_tick(p);
 	if (ps->fd < 0 || stall_total(ps, &total))
 		return;
 	if (ps->sample_ns && now > ps->sample_ns)

@@ -1,14 +1,14 @@
 /*
- * proto_i.h - the stratad wire protocol (version 2), shared by the daemon, the
+ * proto_i.h - the stratad wire protocol (version 3), shared by the daemon, the
  * client library and stratactl.  docs/protocol.md says the same in prose.
  *
- * Transport: a unix stream socket.  Every message is a 16-byte header and a
+ * Transport: a unix seqpacket socket.  Every message is a 16-byte header and a
  * payload; integers are little-endian; file descriptors travel as SCM_RIGHTS
  * ancillary data on the message that names them.
  *
  *   off size field
  *     0    4 magic     0x41525453 ("STRA")
- *     4    2 version   2
+ *     4    2 version   3
  *     6    2 type      enum proto_type
  *     8    4 length    payload bytes that follow (<= PROTO_MAX_PAYLOAD)
  *    12    4 reserved  0
@@ -29,6 +29,9 @@
  *                      the slots memfd or from the model's memfd (streamed
  *                      layers are read into reused slots: see residency.c)
  *   client -> REMAPPED once it has (registered with its uffd, in place)
+ *   client -> PASS     decode passes since the last PASS and their time (at
+ *                      most about ten a second): what the speed predictor
+ *                      learns the engine's compute time from (predict.c)
  *   ... the daemon writes nothing else unless it drops the client (ERROR);
  *   EOF on either side ends the session.
  *
@@ -50,7 +53,7 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC 0x41525453u
-#define PROTO_VERSION 2
+#define PROTO_VERSION 3
 #define PROTO_HDR_SIZE 16
 #define PROTO_MAX_PAYLOAD (1u << 20)
 #define PROTO_MAX_NAME 4096
@@ -67,6 +70,7 @@ enum proto_type {
 	PROTO_SLOTS = 9,
 	PROTO_REMAP = 10,
 	PROTO_REMAPPED = 11,
+	PROTO_PASS = 12,
 };
 
 enum proto_role {
@@ -137,6 +141,12 @@ enum proto_role {
 /* DECLARE payload (8 bytes):
  *    0  8 declared_bytes  replaces the value from HELLO */
 #define PROTO_DECLARE_SIZE 8
+
+/* PASS payload (16 bytes):
+ *    0  4 tokens     decode tokens computed (one a pass)
+ *    4  4 reserved   0
+ *    8  8 wall_ns    the passes' wall time, waiting on faults included */
+#define PROTO_PASS_SIZE 16
 
 /* ERROR payload (>= 4 bytes):
  *    0  4 errno   positive errno value

@@ -386,6 +386,9 @@ static void on_sock(struct client *c)
 	case C_ACTIVE:
 		if (type == PROTO_DECLARE && len == PROTO_DECLARE_SIZE) {
 			pager_declare(c, proto_get_u64(buf + PROTO_HDR_SIZE));
+		} else if (type == PROTO_PASS && len == PROTO_PASS_SIZE) {
+			pager_predict_pass(c, proto_get_u32(buf + PROTO_HDR_SIZE),
+					   proto_get_u64(buf + PROTO_HDR_SIZE + 8));
 		} else if (type == PROTO_REMAPPED && len == PROTO_REMAPPED_SIZE) {
 			pager_on_remapped(c, proto_get_u32(buf + PROTO_HDR_SIZE));
 		} else {

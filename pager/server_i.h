@@ -123,6 +123,12 @@ struct model {
 	bool *slot_touched;      /* its pages exist (held from then on) */
 	uint64_t slot_bytes;     /* bytes of touched slots */
 	uint64_t slot_loads;     /* loads into a slot */
+	/* What its engines' decode passes took (predict.c): running averages
+	 * a token, of the wall time and of it less the waits on faults. */
+	struct {
+		double wall_ns, compute_ns;
+		uint64_t tokens;
+	} speed;
 };
 
 /* What a client maps at a slotted unit's range. */
@@ -158,6 +164,7 @@ struct client {
 	int pos;              /* last layer unit the client entered, -1 unknown */
 	uint64_t faults;
 	uint64_t wait_ns;
+	uint64_t wait_reported; /* wait_ns at its last PASS (predict.c) */
 	bool dead;
 	bool ready;                    /* READY sent: it may get REMAPs */
 	struct uffd_msg *backlog;      /* faults read while draining its uffd */
@@ -208,6 +215,12 @@ struct pager {
 	struct model *models;
 	unsigned n_models;
 	struct budget budget;           /* where cfg.budget comes from (budget.c) */
+	/* The reader's bandwidth while streaming (predict.c): bytes and busy
+	 * time at the last second that had reads, and the running average. */
+	struct {
+		uint64_t bytes, busy_ns;
+		double gbps;
+	} stream;
 	struct plan plan;               /* how the budget is shared (plan.c) */
 	struct plan_model *plan_models; /* per model, its inputs and share */
 	struct client *clients;
@@ -269,6 +282,19 @@ void pager_on_pressure(struct pager *p, const char *what);
 void pager_on_restore(struct pager *p);
 /* Once a second: judge the last shed, restore when calm, follow the budget. */
 void pager_on_tick(struct pager *p);
+
+/* predict.c: decode speed for any number of resident layers */
+/* A PASS from client c: `tokens` decode passes took wall_ns. */
+void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns);
+/* Once a second: the bandwidth streaming achieved. */
+void pager_predict_tick(struct pager *p);
+/* The bandwidth the predictor uses, GB/s (0: unknown). */
+double pager_predict_gbps(const struct pager *p);
+/* Predicted decode tokens/s of model m with n layers resident; 0 before an
+ * engine has decoded. */
+double pager_predict_tps(const struct model *m, unsigned n);
+/* What its engines decode at, tokens/s (0: nothing yet). */
+double pager_measured_tps(const struct model *m);
 
 /* budget.c */
 /* The automatic budget now, into b.  0 or -errno (MemAvailable unreadable). */

@@ -102,6 +102,26 @@ static void sb_json(struct sbuf *b, const char *s)
 	}
 }
 
+/* The decode speed its engines measured and the one predicted. */
+static void render_speed(struct sbuf *s, const struct model *m)
+{
+	unsigned L = m->lay->n_layers;
+
+	if (!m->speed.tokens) {
+		sb(s, "  speed       no decoding yet: nothing to predict from\n");
+		return;
+	}
+	sb(s, "  speed       %.2f tok/s measured, %.2f predicted (%.1f ms of compute a token, "
+	      "streaming at %.2f GB/s)\n",
+	   pager_measured_tps(m), pager_predict_tps(m, m->n_resident), m->speed.compute_ns / 1e6,
+	   pager_predict_gbps(m->p));
+	sb(s, "  predicted   ");
+	for (unsigned q = 0; q <= 4; q++)
+		sb(s, "%s%u resident: %.2f", q ? ", " : "", L * q / 4,
+		   pager_predict_tps(m, L * q / 4));
+	sb(s, " tok/s\n");
+}
+
 /* The budget, the plan and the pressure, as text. */
 static void render_plan(struct sbuf *s, const struct pager *p)
 {
@@ -243,7 +263,19 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 				   (unsigned long long)m->us[u].evictions, pc_name[m->us[u].pc],
 				   (unsigned long long)m->us[u].stores,
 				   (unsigned long long)m->us[u].drops);
-			sb(&s, "], \"clients\": [");
+			sb(&s, "], \"speed\": {\"tokens\": %llu, \"measured_tps\": %.3f, "
+			       "\"predicted_tps\": %.3f, \"compute_ms\": %.3f, \"stream_gbps\": %.3f, "
+			       "\"predicted\": [",
+			   (unsigned long long)m->speed.tokens, pager_measured_tps(m),
+			   pager_predict_tps(m, m->n_resident), m->speed.compute_ns / 1e6,
+			   pager_predict_gbps(p));
+			for (unsigned q = 0; q <= 4; q++) {
+				unsigned n = m->lay->n_layers * q / 4;
+
+				sb(&s, "%s{\"resident\": %u, \"tps\": %.3f}", q ? ", " : "", n,
+				   pager_predict_tps(m, n));
+			}
+			sb(&s, "]}, \"clients\": [");
 			bool first = true;
 			for (struct client *c = p->clients; c; c = c->next) {
 				if (c->m != m || c->state != C_ACTIVE)
@@ -294,6 +326,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		if (m->lay->sparse.len)
 			sb(&s, "  embedding   %.1f MiB, read a block at a time: %.1f MiB in memory\n",
 			   m->lay->sparse.len / 1048576.0, m->sparse_bytes / 1048576.0);
+		render_speed(&s, m);
 		sb(&s, "  per layer   loads/faults:");
 		for (unsigned u = 1; u < m->lay->n_units; u++)
 			sb(&s, " %llu/%llu", (unsigned long long)m->us[u].loads,

@@ -232,7 +232,7 @@ def raw_conn(sock):
     return s
 
 
-def hdr(t, n, magic=0x41525453, ver=2):
+def hdr(t, n, magic=0x41525453, ver=3):
     return struct.pack("<IBBHII", magic, ver, 0, t, n, 0)
 
 
