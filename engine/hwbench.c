@@ -10,6 +10,10 @@
  * which would stay in cache.  The loads are AVX2 (when the CPU has it) and
  * their sum goes to a volatile sink, so the compiler cannot drop them.
  *
+ * Headroom: what the process may still allocate, read from its memory
+ * cgroup (and each one above it) and /proc/meminfo, for the caller to size
+ * the memory buffer by; every file parsed as hostile, any of them missing.
+ *
  * Storage: a single-threaded io_uring loop keeping `depth` O_DIRECT reads of
  * `chunk` bytes in flight, each into its own slot of one aligned buffer.  A
  * slot is reused only after its read completed; the buffer is freed only
@@ -21,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <immintrin.h>
+#include <limits.h>
 #include <liburing.h>
 #include <linux/magic.h>
 #include <pthread.h>
@@ -234,6 +239,257 @@ int hwbench_mem_read(unsigned n_threads, uint64_t bytes, unsigned passes,
 	if (rc)
 		memset(out, 0, sizeof(*out));
 	return rc;
+}
+
+/* ---- headroom ---------------------------------------------------------- */
+
+/* The text of a small file at root + path, NUL-terminated, or -errno:
+ * -EFBIG when it fills buf (a truncated file would parse as a different
+ * one). */
+static int read_text(const char *root, const char *path, char *buf, size_t len)
+{
+	char full[PATH_MAX];
+	size_t n = 0;
+	int fd, rc = 0;
+
+	if ((size_t)snprintf(full, sizeof(full), "%s%s", root, path) >= sizeof(full))
+		return -ENAMETOOLONG;
+	fd = open(full, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	for (;;) {
+		ssize_t r = read(fd, buf + n, len - 1 - n);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			rc = -errno;
+			break;
+		}
+		if (r == 0)
+			break;
+		n += (size_t)r;
+		if (n == len - 1) {
+			rc = -EFBIG;
+			break;
+		}
+	}
+	close(fd);
+	if (rc)
+		return rc;
+	buf[n] = '\0';
+	return 0;
+}
+
+/* A decimal number from s up to end (or the NUL): digits only, no sign, no
+ * overflow, at least one digit. */
+static int parse_u64(const char *s, const char *end, uint64_t *out)
+{
+	uint64_t v = 0;
+
+	if (s == end || !*s)
+		return -EINVAL;
+	for (; s != end && *s; s++) {
+		unsigned d = (unsigned)(*s - '0');
+
+		if (d > 9 || v > (UINT64_MAX - d) / 10)
+			return -EINVAL;
+		v = v * 10 + d;
+	}
+	*out = v;
+	return 0;
+}
+
+/* A cgroup file holding one number and a newline; "max" (v2) is
+ * UINT64_MAX. */
+static int read_u64(const char *root, const char *path, uint64_t *out)
+{
+	char buf[64];
+	size_t n;
+	int rc = read_text(root, path, buf, sizeof(buf));
+
+	if (rc)
+		return rc;
+	n = strlen(buf);
+	if (n && buf[n - 1] == '\n')
+		buf[--n] = '\0';
+	if (!strcmp(buf, "max")) {
+		*out = UINT64_MAX;
+		return 0;
+	}
+	return parse_u64(buf, buf + n, out);
+}
+
+/* MemAvailable of /proc/meminfo, in bytes. */
+static int mem_available(const char *root, uint64_t *out)
+{
+	static const char key[] = "\nMemAvailable:";
+	char buf[8192];
+	const char *p, *end;
+	uint64_t kib;
+	int rc;
+
+	/* The key is looked for after a newline: put one in front. */
+	buf[0] = '\n';
+	rc = read_text(root, "/proc/meminfo", buf + 1, sizeof(buf) - 1);
+	if (rc)
+		return rc;
+	p = strstr(buf, key);
+	if (!p)
+		return -ENOENT;
+	p += sizeof(key) - 1;
+	while (*p == ' ' || *p == '\t')
+		p++;
+	end = p + strspn(p, "0123456789");
+	if (strncmp(end, " kB\n", 4) || parse_u64(p, end, &kib) || kib > UINT64_MAX / 1024)
+		return -EINVAL;
+	*out = kib * 1024;
+	return 0;
+}
+
+/*
+ * The process's memory cgroup as a directory under root: the v1 memory
+ * hierarchy's when there is one (a hybrid system also lists v2's "0::"
+ * line, with no memory controller in it), else v2's.  *v2 says which.
+ */
+static int cgroup_dir(const char *root, char *dir, size_t len, bool *v2)
+{
+	char buf[16384];
+	const char *v1_path = NULL, *v2_path = NULL, *path;
+	size_t n;
+	int rc = read_text(root, "/proc/self/cgroup", buf, sizeof(buf));
+
+	if (rc)
+		return rc;
+	/* Lines "ID:controller,controller:/path"; the path may hold ':'. */
+	for (char *line = buf, *next; *line; line = next) {
+		char *nl = strchr(line, '\n'), *c1, *c2;
+
+		if (!nl)
+			return -EINVAL; /* every line ends with a newline */
+		*nl = '\0';
+		next = nl + 1;
+		c1 = strchr(line, ':');
+		c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+		if (!c2)
+			return -EINVAL;
+		*c1 = '\0';
+		*c2 = '\0';
+		if (!strcmp(line, "0") && c2 == c1 + 1) {
+			v2_path = c2 + 1;
+			continue;
+		}
+		for (char *tok = c1 + 1, *comma; tok; tok = comma ? comma + 1 : NULL) {
+			comma = strchr(tok, ',');
+			if (comma)
+				*comma = '\0';
+			if (!strcmp(tok, "memory"))
+				v1_path = c2 + 1;
+		}
+	}
+	if (!v1_path && !v2_path)
+		return -ENOENT;
+	*v2 = !v1_path;
+	path = v1_path ? v1_path : v2_path;
+	n = strlen(path);
+	/* A cgroup outside the reader's cgroup namespace reads "/../x": not
+	 * ours to follow, nor anything else that leaves the hierarchy. */
+	if (path[0] != '/' || strstr(path, "/../") || (n >= 3 && !strcmp(path + n - 3, "/..")))
+		return -EINVAL;
+	if ((size_t)snprintf(dir, len, "%s%s", v1_path ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup",
+			     path) >= len)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+static int read_cg(const char *root, const char *dir, const char *name, uint64_t *out)
+{
+	char path[PATH_MAX];
+
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >= sizeof(path))
+		return -ENAMETOOLONG;
+	return read_u64(root, path, out);
+}
+
+/* limit - usage of one cgroup directory (0 when at or over it), or -errno. */
+static int cgroup_room(const char *root, const char *dir, bool v2, uint64_t *out)
+{
+	uint64_t limit, high = UINT64_MAX, usage;
+	int rc = read_cg(root, dir, v2 ? "memory.max" : "memory.limit_in_bytes", &limit);
+
+	if (!rc)
+		rc = read_cg(root, dir, v2 ? "memory.current" : "memory.usage_in_bytes", &usage);
+	/* Over memory.high the kernel throttles and reclaims: no kill, but
+	 * nothing worth timing either.  v1 has no such level. */
+	if (!rc && v2) {
+		rc = read_cg(root, dir, "memory.high", &high);
+		if (rc == -ENOENT)
+			rc = 0;
+	}
+	if (rc)
+		return rc;
+	if (high < limit)
+		limit = high;
+	/* v1 writes "no limit" as its page counter's maximum in bytes, 2^63
+	 * less a page: anything from 2^62 (4 EiB) on is no limit. */
+	if (limit >= 1ull << 62)
+		*out = UINT64_MAX;
+	else
+		*out = limit > usage ? limit - usage : 0;
+	return 0;
+}
+
+/*
+ * The smallest room of the cgroup and each one above it: a parent's limit
+ * holds for all its children together, and a child may have none of its
+ * own.  Levels that cannot be read count as unlimited (v2's root has no
+ * memory.max); -errno when none could be read.
+ */
+static int cgroup_headroom(const char *root, uint64_t *out)
+{
+	char dir[PATH_MAX];
+	size_t base;
+	bool v2, any = false;
+	int rc = cgroup_dir(root, dir, sizeof(dir), &v2), last = -ENOENT;
+
+	if (rc)
+		return rc;
+	base = strlen(v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory");
+	*out = UINT64_MAX;
+	for (;;) {
+		size_t n = strlen(dir);
+		uint64_t room;
+		char *slash;
+
+		while (n > base && dir[n - 1] == '/')
+			dir[--n] = '\0';
+		rc = cgroup_room(root, dir, v2, &room);
+		if (rc == 0) {
+			any = true;
+			if (room < *out)
+				*out = room;
+		} else {
+			last = rc;
+		}
+		if (n <= base)
+			break;
+		slash = strrchr(dir + base, '/');
+		*slash = '\0'; /* not NULL: dir + base starts with '/' */
+	}
+	return any ? 0 : last;
+}
+
+int hwbench_mem_headroom(const char *root, struct hwbench_headroom *out)
+{
+	int crc = cgroup_headroom(root, &out->cgroup);
+	int mrc = mem_available(root, &out->available);
+
+	if (crc)
+		out->cgroup = UINT64_MAX;
+	if (mrc)
+		out->available = UINT64_MAX;
+	out->bytes = out->cgroup < out->available ? out->cgroup : out->available;
+	return crc && mrc ? mrc : 0;
 }
 
 /* ---- storage ----------------------------------------------------------- */

@@ -45,6 +45,36 @@ int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **ou
 int hwbench_mem_pass(struct hwbench_mem *m, struct hwbench_result *out);
 void hwbench_mem_close(struct hwbench_mem *m);
 
+/*
+ * How much more memory this process may take before the kernel kills it or
+ * throttles it, for a caller about to size a probe's buffer:
+ *
+ *   cgroup     the smallest (limit - usage) of the process's memory cgroup
+ *              and of each cgroup above it (v1: the "memory" line of
+ *              /proc/self/cgroup, memory.limit_in_bytes - memory.usage_in_bytes
+ *              under /sys/fs/cgroup/memory; v2: the "0::" line,
+ *              min(memory.max, memory.high) - memory.current under
+ *              /sys/fs/cgroup, "max" meaning no limit).  0 when the usage is
+ *              at or over the limit.  UINT64_MAX when there is no limit or
+ *              nothing of it could be read: a cgroup that cannot be read
+ *              counts as none, the process then goes by MemAvailable alone;
+ *   available  MemAvailable of /proc/meminfo; UINT64_MAX if unreadable;
+ *   bytes      the smaller of the two.
+ *
+ * Every path is read under `root` ("" for the machine itself; a test passes
+ * a directory laid out the same way).  The files are parsed as hostile: a
+ * malformed number, a path with "..", a line or file too long, all count as
+ * unreadable.  0, or, when neither the cgroup nor MemAvailable could be
+ * read, what reading MemAvailable failed with (-errno; -EINVAL when
+ * malformed).
+ */
+struct hwbench_headroom {
+	uint64_t bytes;
+	uint64_t cgroup;
+	uint64_t available;
+};
+int hwbench_mem_headroom(const char *root, struct hwbench_headroom *out);
+
 struct hwbench_io_config {
 	uint64_t chunk;     /* bytes per read, a multiple of 4096; 0: 1 MiB */
 	unsigned depth;     /* reads in flight, 1..256; 0: 16 */

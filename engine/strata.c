@@ -759,6 +759,7 @@ out:
  * part.  One to two seconds in all on this project's machine.
  */
 #define HW_MEM_BYTES (1ull << 30)
+#define HW_MEM_MIN (256ull << 20)
 #define HW_MEM_PASSES 5
 #define HW_IO_CHUNK (1ull << 20)
 #define HW_IO_DEPTH 16
@@ -769,11 +770,57 @@ struct hw {
 	bool measured;         /* false with --no-hw */
 	unsigned threads;
 	int mem_rc, io_rc;     /* 0 or -errno */
+	uint64_t mem_bytes;    /* the buffer asked for, after hw_fit */
 	struct hwbench_result mem, io;
-	char io_err[200];
+	char mem_err[200], io_err[200];
 	uint64_t file_bytes;
 };
 
+/*
+ * A probe's buffer fitted to what the process may still allocate
+ * (hwbench_mem_headroom): `want` when there is room, less down to `min`,
+ * else 0 with the reason in why.  The buffers count against the process's
+ * memory cgroup like everything else: a 1 GiB buffer in a limit the model
+ * (or stratad, streaming it in the same cgroup) mostly fills gets bench
+ * OOM-killed after the engine has run.
+ *
+ * A buffer takes at most half the headroom, because the headroom is a
+ * snapshot and more is charged after it: stratad in the same cgroup reads
+ * layers in while the paired decode runs, the cgroup's usage lags the
+ * truth by per-CPU batches, the probe's own page tables and thread stacks
+ * are charged too, and MemAvailable counts caches the kernel may not
+ * reclaim in time.  Half of a wrong guess still leaves room.  When nothing
+ * can be read (no /proc), `want`, as before this check: there is no better
+ * guess.
+ */
+static uint64_t hw_fit(uint64_t want, uint64_t min, char *why, size_t len)
+{
+	struct hwbench_headroom room;
+	uint64_t fit;
+
+	if (hwbench_mem_headroom("", &room))
+		return want;
+	fit = room.bytes / 2 / (1u << 20) * (1u << 20);
+	if (fit >= want)
+		return want;
+	if (fit >= min)
+		return fit;
+	snprintf(why, len, "not measured: %" PRIu64 " MiB %s, %" PRIu64 " MiB needed",
+		 room.bytes >> 20,
+		 room.cgroup < room.available ? "left under the memory cgroup's limit"
+					      : "of memory available",
+		 2 * min >> 20);
+	return 0;
+}
+
+/*
+ * The memory buffer is HW_MEM_BYTES, or what hw_fit leaves of it, but not
+ * under HW_MEM_MIN: a smaller buffer reads partly from the caches.  On a
+ * 2-vCPU Xeon of this project's (lscpu: 480 MiB of L3, shared with its
+ * neighbours) 64 MiB read at 22-25 GB/s and 128 MiB at 12-22, against 10-18
+ * for 256 MiB and 1 GiB alike.  The storage probe's buffer (HW_IO_DEPTH reads of HW_IO_CHUNK)
+ * cannot shrink without measuring another reader than stratad's.
+ */
 static void measure_hw(const char *path, unsigned threads, struct hw *h)
 {
 	struct hwbench_io_config io = {
@@ -786,8 +833,22 @@ static void measure_hw(const char *path, unsigned threads, struct hw *h)
 
 	h->measured = true;
 	h->threads = threads;
-	h->mem_rc = hwbench_mem_read(threads, HW_MEM_BYTES, HW_MEM_PASSES, &h->mem);
-	h->io_rc = hwbench_storage_read(path, &io, &h->io, h->io_err, sizeof(h->io_err));
+	h->mem_bytes = hw_fit(HW_MEM_BYTES, HW_MEM_MIN, h->mem_err, sizeof(h->mem_err));
+	if (h->mem_bytes)
+		h->mem_rc = hwbench_mem_read(threads, h->mem_bytes, HW_MEM_PASSES, &h->mem);
+	else
+		h->mem_rc = -ENOMEM;
+	if (h->mem_rc && h->mem_bytes)
+		snprintf(h->mem_err, sizeof(h->mem_err), "%s", strerror(-h->mem_rc));
+	if (!h->mem_bytes)
+		msg("bench: memory read %s", h->mem_err);
+	if (hw_fit(HW_IO_CHUNK * HW_IO_DEPTH, HW_IO_CHUNK * HW_IO_DEPTH, h->io_err,
+		   sizeof(h->io_err))) {
+		h->io_rc = hwbench_storage_read(path, &io, &h->io, h->io_err, sizeof(h->io_err));
+	} else {
+		h->io_rc = -ENOMEM;
+		msg("bench: storage read %s", h->io_err);
+	}
 	if (stat(path, &st) == 0)
 		h->file_bytes = (uint64_t)st.st_size;
 }
@@ -814,15 +875,16 @@ static double median(double *v, size_t n)
  * of measure_hw's passes is the machine at its quietest, while the decode
  * line is the average over whatever came.  A token against the bandwidth
  * read just before it compares the two under the same load.  *gbps gets the
- * median pass.  0, -errno from the memory buffer, or 1 when decoding failed.
+ * median pass.  The buffer is `bytes`, measure_hw's size as far as it still
+ * fits.  0, -errno from the memory buffer, or 1 when decoding failed.
  */
 static int bench_pairs(struct session *s, int32_t next, long n, unsigned threads,
-		       uint64_t tok_bytes, double *frac, double *gbps)
+		       uint64_t bytes, uint64_t tok_bytes, double *frac, double *gbps)
 {
 	struct hwbench_mem *m = NULL;
 	double *ratio = calloc((size_t)n, sizeof(double)), *bw = calloc((size_t)n, sizeof(double));
 	float *logits = malloc((size_t)s->hp->n_vocab * sizeof(float));
-	int rc = !ratio || !bw || !logits ? -ENOMEM : hwbench_mem_open(threads, HW_MEM_BYTES, &m);
+	int rc = !ratio || !bw || !logits ? -ENOMEM : hwbench_mem_open(threads, bytes, &m);
 
 	for (long i = 0; rc == 0 && i < n; i++) {
 		struct hwbench_result r;
@@ -969,15 +1031,21 @@ static int cmd_bench(int argc, char **argv)
 		n_pairs = o.n_predict < room ? o.n_predict : room;
 	}
 	if (n_pairs) {
-		int prc = bench_pairs(&s, next, n_pairs, h.threads, tok_bytes, &pair_frac,
-				      &pair_gbps);
+		/* Fitted again: the headroom may have shrunk since. */
+		char why[200];
+		uint64_t bytes = hw_fit(h.mem_bytes, HW_MEM_MIN, why, sizeof(why));
+		int prc = bytes ? bench_pairs(&s, next, n_pairs, h.threads, bytes, tok_bytes,
+					      &pair_frac, &pair_gbps)
+				: 0;
 
 		if (prc == 1)
 			goto fail;
-		if (prc) {
+		if (!bytes)
+			msg("bench: paired measurement %s", why);
+		else if (prc)
 			msg("bench: paired measurement: %s", strerror(-prc));
+		if (!bytes || prc)
 			n_pairs = 0;
-		}
 	}
 	if (o.json) {
 		printf("{\"model\": ");
@@ -993,7 +1061,15 @@ static int cmd_bench(int argc, char **argv)
 		else
 			printf(", \"cold_token_s\": null, \"first_token_s\": null");
 		json_num("mem_read_gbps", mem_ok, h.mem.gbps);
-		printf(", \"mem_read_threads\": %u", h.threads);
+		printf(", \"mem_read_threads\": %u, \"mem_read_bytes\": %" PRIu64
+		       ", \"mem_read_error\": ",
+		       h.threads, h.mem.bytes);
+		if (!h.measured)
+			json_str("not measured (--no-hw)");
+		else if (h.mem_rc)
+			json_str(h.mem_err);
+		else
+			printf("null");
 		json_num("storage_read_gbps", io_ok, h.io.gbps);
 		printf(", \"storage_read_bytes\": %" PRIu64 ", \"storage_read_error\": ", h.io.bytes);
 		if (!h.measured)
@@ -1028,7 +1104,7 @@ static int cmd_bench(int argc, char **argv)
 		if (!h.measured)
 			goto out;
 		if (h.mem_rc)
-			printf("memory read  n/a (%s)\n", strerror(-h.mem_rc));
+			printf("memory read  n/a (%s)\n", h.mem_err);
 		else
 			printf("memory read  %.2f GB/s  (%u threads, fastest of %d reads of %.0f MiB)\n",
 			       h.mem.gbps, h.threads, HW_MEM_PASSES, h.mem.bytes / 1048576.0);
