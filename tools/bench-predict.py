@@ -42,41 +42,41 @@ def status():
     return json.loads(r.stdout) if r.returncode == 0 else None
 
 
+def start(model, resident):
+    """stratad --resident N serving model, once its socket answers."""
+    d = subprocess.Popen([STRATAD, "--socket", sock, "--resident", str(resident), model],
+                         stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while status() is None:
+        if d.poll() is not None or time.monotonic() - t0 > 60:
+            sys.exit("stratad did not come up")
+        time.sleep(0.02)  # polling the socket with a deadline
+    return d
+
+
+def stop(d):
+    d.send_signal(signal.SIGTERM)
+    d.wait(30)
+
+
 def run(model, fraction):
-    """One daemon, one bench: (measured tok/s, {resident: predicted tok/s}, layers)."""
+    """One daemon, one bench: (measured tok/s, {resident: predicted tok/s}, layers, n)."""
     subprocess.run(["sync"])
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3")
-    # the layer count, from a daemon that holds nothing yet
-    d = subprocess.Popen([STRATAD, "--socket", sock, "--resident", "0", model],
-                         stderr=subprocess.DEVNULL)
-    try:
-        t0 = time.monotonic()
-        while status() is None:
-            if d.poll() is not None or time.monotonic() - t0 > 60:
-                sys.exit("stratad did not come up")
-            time.sleep(0.02)  # polling the socket with a deadline
-        layers = len(status()["models"][0]["layers"])
-    finally:
-        d.send_signal(signal.SIGTERM)
-        d.wait(30)
+    d = start(model, 0)  # the layer count, from a daemon that holds nothing yet
+    layers = len(status()["models"][0]["layers"])
+    stop(d)
     n = round(fraction * layers)
-    d = subprocess.Popen([STRATAD, "--socket", sock, "--resident", str(n), model],
-                         stderr=subprocess.DEVNULL)
+    d = start(model, n)
     try:
-        t0 = time.monotonic()
-        while status() is None:
-            if d.poll() is not None or time.monotonic() - t0 > 60:
-                sys.exit("stratad did not come up")
-            time.sleep(0.02)
         r = subprocess.run([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
                             str(a.tokens), "--no-hw", "--json"], capture_output=True, text=True)
         if r.returncode:
             sys.exit("strata bench failed: " + r.stderr)
         sp = status()["models"][0]["speed"]
     finally:
-        d.send_signal(signal.SIGTERM)
-        d.wait(30)
+        stop(d)
     pred = {p["resident"]: p["tps"] for p in sp["predicted"]}
     pred[n] = sp["predicted_tps"]
     return json.loads(r.stdout)["decode_tps"], pred, layers, n
