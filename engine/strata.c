@@ -57,7 +57,7 @@ static const char usage_text[] =
 	"           [-b BATCH]\n"
 	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
 	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [-b BATCH] [--json]\n"
-	"           [--warmup N] [--no-hw]\n"
+	"           [--warmup N] [--no-hw] [--trace FILE]\n"
 	"\n"
 	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
 	"model through a running stratad instead of mmap.\n"
@@ -89,6 +89,7 @@ struct opts {
 	bool json;
 	bool no_hw;
 	long warmup;     /* bench: tokens decoded before measuring */
+	const char *trace; /* bench: a line per decoded token into this file */
 	struct eng_sampler_config samp;
 	bool seen_n, seen_p;
 };
@@ -107,6 +108,7 @@ enum {
 	OPT_PAGER,
 	OPT_NO_HW,
 	OPT_WARMUP,
+	OPT_TRACE,
 };
 
 static bool parse_long(const char *s, long lo, long hi, long *out)
@@ -159,6 +161,7 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "pager", required_argument, NULL, OPT_PAGER },
 		{ "no-hw", no_argument, NULL, OPT_NO_HW },
 		{ "warmup", required_argument, NULL, OPT_WARMUP },
+		{ "trace", required_argument, NULL, OPT_TRACE },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -260,6 +263,9 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			break;
 		case OPT_NO_HW:
 			o->no_hw = true;
+			break;
+		case OPT_TRACE:
+			o->trace = optarg;
 			break;
 		case 'h':
 			fputs(usage_text, stdout);
@@ -438,6 +444,15 @@ static double now_s(void)
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Wall-clock time, to line a trace up with other programs' logs. */
+static double unix_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -950,6 +965,7 @@ static int cmd_bench(int argc, char **argv)
 	double bound = 0, stream = 0, frac = 0, pair_frac = 0, pair_gbps = 0;
 	long n_pairs = 0;
 	double t_start = now_s(), cold_s = 0, first_s = 0;
+	FILE *trace = NULL;
 	int rc = parse_opts(argc, argv, "bench", &o);
 
 	if (rc)
@@ -966,6 +982,15 @@ static int cmd_bench(int argc, char **argv)
 		    o.n_predict, eng_ctx_n_ctx(s.ctx));
 		rc = EXIT_BAD_INPUT;
 		goto out;
+	}
+	if (o.trace) {
+		trace = fopen(o.trace, "we");
+		if (!trace) {
+			msg("bench: %s: %s", o.trace, strerror(errno));
+			rc = EXIT_BAD_INPUT;
+			goto out;
+		}
+		setvbuf(trace, NULL, _IOLBF, 0); /* a line per token, as it happens */
 	}
 	ids = calloc((size_t)o.n_prompt + 1, sizeof(*ids));
 	logits = malloc((size_t)s.hp->n_vocab * sizeof(float));
@@ -1002,9 +1027,13 @@ static int cmd_bench(int argc, char **argv)
 	t1 = now_s();
 	int32_t next = o.n_prompt ? eng_argmax(logits, s.hp->n_vocab) : 0;
 	for (long i = 0; i < o.n_predict; i++) {
+		double ts = now_s();
+
 		if (session_decode(&s, &next, 1, logits, false))
 			goto fail;
 		next = eng_argmax(logits, s.hp->n_vocab);
+		if (trace) /* when it ended (unix time) and how long it took */
+			fprintf(trace, "%.6f %.6f\n", unix_s(), now_s() - ts);
 	}
 	t2 = now_s();
 	if (o.n_prompt)
@@ -1143,6 +1172,8 @@ fail:
 	msg("bench: evaluation failed");
 	rc = EXIT_BAD_INPUT;
 out:
+	if (trace)
+		fclose(trace);
 	free(ids);
 	free(logits);
 	session_close(&s);

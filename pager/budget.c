@@ -190,6 +190,38 @@ int pager_budget_measure(const struct pager *p, struct budget *b)
 	return 0;
 }
 
+int pager_budget_headroom(const struct pager *p, bool cache_free, uint64_t *out)
+{
+	const struct budget *b = &p->budget;
+	char path[sizeof(b->where) + 64];
+	uint64_t used;
+	int rc;
+
+	uint64_t cache = 0;
+	bool v1 = b->source == BUDGET_CGROUP_V1;
+
+	switch (b->source) {
+	case BUDGET_CGROUP_V1:
+	case BUDGET_CGROUP_V2:
+		snprintf(path, sizeof(path), "/sys/fs/cgroup%s%s/%s", v1 ? "/memory" : "", b->where,
+			 v1 ? "memory.usage_in_bytes" : "memory.current");
+		rc = read_limit(path, &used);
+		if (rc)
+			return rc;
+		/* page cache nobody has touched lately is free for the taking */
+		snprintf(path, sizeof(path), "/sys/fs/cgroup%s%s/memory.stat", v1 ? "/memory" : "",
+			 b->where);
+		if (!cache_free ||
+		    read_key(path, v1 ? "total_inactive_file" : "inactive_file", 1, &cache))
+			cache = 0;
+		used = used > cache ? used - cache : 0;
+		*out = b->limit > used ? b->limit - used : 0;
+		return 0;
+	default:
+		return read_key("/proc/meminfo", cache_free ? "MemAvailable" : "MemFree", 1024, out);
+	}
+}
+
 bool pager_budget_follow(struct pager *p)
 {
 	struct budget b = p->budget;

@@ -52,6 +52,7 @@ struct pager_config {
 				 * (its cgroup's, else MemAvailable) less a reserve,
 				 * followed as it changes (budget.c) */
 	const char *mode;       /* "speed" (NULL), "balanced", "context": plan_i.h */
+	bool no_pressure;       /* do not watch memory pressure (pressure.c) */
 	int resident;           /* layers kept resident; -1 = as many as fit */
 	unsigned window;        /* streamed layers read ahead; 0 = default (2) */
 	unsigned n_models;

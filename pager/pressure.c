@@ -11,18 +11,26 @@
  * Shedding helps only with pressure the daemon's memory causes.  Pressure
  * a memory-limited reader puts on its own cgroup, or that streaming itself
  * causes, stays whatever the daemon gives back; shedding more would only
- * slow every engine down.  So each shed is judged: SETTLE_S seconds later
- * the stall rate (the PSI "some" total's growth per second) is compared with
- * the rate before it.  If it did not fall below HELPED of it, the layers come
- * back and triggers are ignored for PAUSE_S seconds ("futile").  If it did,
+ * slow every engine down.  So a trigger sheds only when memory is short
+ * where the daemon's memory is charged (its cgroup's limit less its usage,
+ * or MemFree, below the budget's reserve), and each shed is judged:
+ * SETTLE_S seconds later the stall rate (the PSI "some" total's growth per
+ * second) is compared with the rate before it.  If it did not fall below
+ * HELPED of it and memory is no longer short here, the layers come back and
+ * triggers are ignored for PAUSE_S seconds ("futile").  If it did,
  * the demotion stays until the stall rate has been below CALM_US per second
- * for CALM_S seconds in a row; then the layers return, half of the
- * demotion at a time (hysteresis: a system that is just recovering is not
- * handed all of it back at once).
+ * for CALM_S seconds in a row and the memory is free for them; then the
+ * layers return, half of the demotion at a time (hysteresis: a system that
+ * is just recovering is not handed all of it back at once).
  *
- * pager_on_tick runs once a second (SIGALRM through the daemon's signalfd)
- * and does the judging, the restoring, the automatic budget's following
- * and the speed predictor's bandwidth sample.
+ * Pressure is not the only sign: a program that grows fast reaches the OOM
+ * killer before the page cache it squeezes has stalled anyone for long.  So
+ * memory running out under the limit (less than half the reserve free,
+ * reclaimable page cache counted free) sheds too, stalls or not.
+ *
+ * pager_on_tick runs four times a second (SIGALRM through the daemon's
+ * signalfd) and does the shortage check, the judging, the restoring, the
+ * automatic budget's following and the speed predictor's bandwidth sample.
  */
 #include "server_i.h"
 
@@ -90,11 +98,32 @@ static int stall_total(const struct pressure *ps, uint64_t *out)
 	return 0;
 }
 
+/* Demote a quarter of each model's resident layers; the ones in memory are
+ * timed until they have left it (pager_pressure_released). */
 static void shed(struct pager *p, const char *what)
 {
-	for (unsigned i = 0; i < p->n_models; i++)
+	struct pressure *ps = &p->pressure;
+
+	for (unsigned i = 0; i < p->n_models; i++) {
+		p->models[i].n_before_shed = p->models[i].n_resident;
 		p->models[i].shed += (p->models[i].n_resident + 3) / 4;
+	}
 	pager_plan(p);
+	ps->release_left = 0;
+	ps->release_bytes = 0;
+	for (unsigned i = 0; i < p->n_models; i++) {
+		struct model *m = &p->models[i];
+
+		for (unsigned l = 0; l < m->lay->n_layers; l++) {
+			struct ustat *us = &m->us[l + 1];
+
+			/* demoted now, and in memory */
+			us->shed_pending = m->rank[l] >= m->n_resident &&
+					   m->rank[l] < m->n_before_shed && us->state != U_ABSENT;
+			ps->release_left += us->shed_pending;
+		}
+	}
+	ps->event_ns = ps->release_left ? ps->shed_ns : 0;
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct model *m = &p->models[i];
 
@@ -114,7 +143,10 @@ static void restore(struct pager *p, bool all, const char *why)
 
 		any |= m->shed != 0;
 		m->shed = all ? 0 : m->shed / 2;
+		for (unsigned u = 0; u < m->lay->n_units; u++)
+			m->us[u].shed_pending = false;
 	}
+	p->pressure.event_ns = 0; /* a shed still being freed is not timed */
 	if (!any)
 		return;
 	pager_plan(p);
@@ -127,16 +159,78 @@ static void restore(struct pager *p, bool all, const char *why)
 	}
 }
 
-void pager_on_pressure(struct pager *p, const char *what)
+void pager_pressure_released(struct pager *p, uint64_t bytes)
 {
 	struct pressure *ps = &p->pressure;
-	uint64_t now = pager_now_ns();
+	double ms;
+
+	ps->release_bytes += bytes;
+	if (!ps->event_ns || !ps->release_left || --ps->release_left)
+		return;
+	ms = (pager_now_ns() - ps->event_ns) / 1e6;
+	ps->release_ms[ps->n_release++ % PRESSURE_LATENCIES] = ms;
+	ps->event_ns = 0;
+	pager_log(PAGER_LOG_NOTICE, "memory pressure: %.1f MiB of shed layers freed %.1f ms after "
+		  "the event", ps->release_bytes / 1048576.0, ms);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+double pager_pressure_release_ms(const struct pager *p)
+{
+	const struct pressure *ps = &p->pressure;
+	unsigned n = ps->n_release < PRESSURE_LATENCIES ? ps->n_release : PRESSURE_LATENCIES;
+	double v[PRESSURE_LATENCIES];
+
+	if (!n)
+		return 0;
+	memcpy(v, ps->release_ms, n * sizeof(*v));
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Memory free where the daemon's memory is charged (its cgroup, or the
+ * system) below which it is short: the budget's reserve, or 256 MiB. */
+static uint64_t short_below(const struct pager *p)
+{
+	return p->budget.reserve ? p->budget.reserve : 256ull << 20;
+}
+
+/* Is memory short where the daemon's memory is: little left under its
+ * cgroup's limit (or on the system), page cache counted as used, since it
+ * is the page cache that thrashes first?  Unknown counts as short. */
+static bool short_here(const struct pager *p, uint64_t *free)
+{
+	*free = 0;
+	return pager_budget_headroom(p, false, free) || *free < short_below(p);
+}
+
+void pager_on_pressure(struct pager *p, const char *what, bool asked)
+{
+	struct pressure *ps = &p->pressure;
+	uint64_t now = pager_now_ns(), free;
 
 	p->pressure_events++;
-	if (ps->paused_until_ns > now) {
+	if (!asked && ps->paused_until_ns > now) {
 		ps->ignored++;
 		pager_log(PAGER_LOG_INFO, "%s: ignored (shedding did not relieve it %.0f s ago)",
 			  what, (now - ps->judged_ns) / 1e9);
+		return;
+	}
+	if (!asked && !short_here(p, &free)) {
+		/* Stalls, but with memory free where the daemon's is: they are
+		 * another cgroup's, at its own limit, and the daemon's memory
+		 * is not what it lacks. */
+		ps->ignored++;
+		pager_log(PAGER_LOG_NOTICE, "%s: ignored: %.0f MiB free %s, not short of memory",
+			  what, free / 1048576.0,
+			  p->budget.source == BUDGET_CGROUP_V1 || p->budget.source == BUDGET_CGROUP_V2
+				  ? "in the daemon's cgroup" : "on the system");
 		return;
 	}
 	ps->shed_ns = now;
@@ -146,6 +240,25 @@ void pager_on_pressure(struct pager *p, const char *what)
 	shed(p, what);
 }
 
+/* Is there memory for half of the demoted layers, and the reserve beside
+ * them?  Calm alone is not enough: a program that took the memory the shed
+ * freed stalls no more once it has it, and handing the memory back to the
+ * layers would only start the pressure again. */
+static bool room_to_restore(const struct pager *p)
+{
+	uint64_t free, want = p->budget.reserve;
+
+	if (pager_budget_headroom(p, true, &free))
+		return true; /* nothing to go by: calm decides */
+	for (unsigned i = 0; i < p->n_models; i++) {
+		const struct model *m = &p->models[i];
+		unsigned back = m->shed - m->shed / 2;
+
+		want += (uint64_t)back * p->plan_models[i].layer_bytes;
+	}
+	return free >= want;
+}
+
 void pager_on_restore(struct pager *p)
 {
 	p->pressure.paused_until_ns = 0;
@@ -153,48 +266,85 @@ void pager_on_restore(struct pager *p)
 	restore(p, true, "residency restored");
 }
 
+/* The stall rate over the last second or more; false if not due yet. */
+static bool sample_rate(struct pressure *ps, uint64_t now)
+{
+	uint64_t total = 0;
+
+	if (ps->fd < 0 || (ps->sample_ns && now - ps->sample_ns < 1000000000ull) ||
+	    stall_total(ps, &total))
+		return false;
+	if (ps->sample_ns)
+		ps->rate = (double)(total - ps->sample_total) * 1e9 / (double)(now - ps->sample_ns);
+	ps->sample_ns = now;
+	ps->sample_total = total;
+	if (ps->rate >= CALM_US)
+		ps->calm_since_ns = 0;
+	else if (!ps->calm_since_ns)
+		ps->calm_since_ns = now;
+	return true;
+}
+
+/* Judge the last shed by the rate since it settled: it helped if the
+ * stalls fell, or if memory is still short where the daemon's is (what it
+ * freed was taken: demand grew, and the next trigger sheds more). */
+static void judge(struct pager *p, uint64_t now)
+{
+	struct pressure *ps = &p->pressure;
+	uint64_t free;
+	bool helped = ps->rate < ps->rate_before * HELPED || ps->rate < CALM_US ||
+		      short_here(p, &free);
+
+	ps->shed_ns = 0;
+	ps->judged_ns = now;
+	if (helped) {
+		ps->helped++;
+		pager_log(PAGER_LOG_NOTICE,
+			  "memory pressure fell after shedding (stalls %.0f -> %.0f ms/s)",
+			  ps->rate_before / 1e3, ps->rate / 1e3);
+		return;
+	}
+	ps->futile++;
+	ps->paused_until_ns = now + PAUSE_S * 1000000000ull;
+	pager_log(PAGER_LOG_NOTICE,
+		  "memory pressure did not fall after shedding (stalls %.0f -> %.0f ms/s): it is "
+		  "not the daemon's memory; layers back, pressure ignored for %d s",
+		  ps->rate_before / 1e3, ps->rate / 1e3, PAUSE_S);
+	restore(p, true, "shedding did not help");
+}
+
 void pager_on_tick(struct pager *p)
 {
 	struct pressure *ps = &p->pressure;
-	uint64_t now = pager_now_ns(), total;
+	uint64_t now = pager_now_ns(), free;
 	bool any_shed = false;
 
 	pager_budget_follow(p);
 	pager_predict_tick(p);
-	if (ps->fd < 0 || stall_total(ps, &total))
+	if (p->cfg.no_pressure)
 		return;
-	if (ps->sample_ns && now > ps->sample_ns)
-		ps->rate = (double)(total - ps->sample_total) * 1e9 / (double)(now - ps->sample_ns);
-	ps->sample_ns = now;
-	ps->sample_total = total;
-	ps->calm_s = ps->rate < CALM_US ? ps->calm_s + 1 : 0;
+	sample_rate(ps, now);
 	for (unsigned i = 0; i < p->n_models; i++)
 		any_shed |= p->models[i].shed != 0;
-
 	if (ps->shed_ns && now - ps->shed_ns >= SETTLE_S * 1000000000ull) {
-		/* Judge the last shed by the rate since it settled. */
-		bool helped = ps->rate < ps->rate_before * HELPED || ps->rate < CALM_US;
-
-		ps->shed_ns = 0;
-		ps->judged_ns = now;
-		if (helped) {
-			ps->helped++;
-			pager_log(PAGER_LOG_NOTICE,
-				  "memory pressure fell after shedding (stalls %.0f -> %.0f ms/s)",
-				  ps->rate_before / 1e3, ps->rate / 1e3);
-		} else {
-			ps->futile++;
-			ps->paused_until_ns = now + PAUSE_S * 1000000000ull;
-			pager_log(PAGER_LOG_NOTICE,
-				  "memory pressure did not fall after shedding (stalls %.0f -> %.0f "
-				  "ms/s): it is not the daemon's memory; layers back, pressure ignored "
-				  "for %d s", ps->rate_before / 1e3, ps->rate / 1e3, PAUSE_S);
-			restore(p, true, "shedding did not help");
-		}
+		judge(p, now);
 		return;
 	}
-	if (any_shed && !ps->shed_ns && ps->calm_s >= CALM_S) {
-		ps->calm_s = 0;
+	/* Memory running out under the limit, stalls or not: a program
+	 * growing fast reaches the OOM killer before the page cache it
+	 * squeezes has stalled anyone for long.  Again as soon as the last
+	 * shed's memory is free, if that was not enough. */
+	if (!ps->event_ns && !pager_budget_headroom(p, true, &free) && free < short_below(p) / 2) {
+		char what[96];
+
+		snprintf(what, sizeof(what), "memory short (%.0f MiB free under the limit)",
+			 free / 1048576.0);
+		pager_on_pressure(p, what, true);
+		return;
+	}
+	if (any_shed && !ps->shed_ns && ps->calm_since_ns &&
+	    now - ps->calm_since_ns >= CALM_S * 1000000000ull && room_to_restore(p)) {
+		ps->calm_since_ns = now;
 		restore(p, false, "memory pressure gone");
 	}
 }

@@ -96,6 +96,10 @@ static unsigned own_ranges(const struct model *m, unsigned u, struct pager_exten
  * range from the memfd again and its slot is free). */
 static void released(struct model *m, unsigned u)
 {
+	if (m->us[u].shed_pending) {
+		m->us[u].shed_pending = false;
+		pager_pressure_released(m->p, m->lay->units[u].bytes);
+	}
 	m->us[u].state = U_ABSENT;
 	if (m->us[u].slot >= 0) {
 		m->slot_unit[m->us[u].slot] = -1;
@@ -135,21 +139,33 @@ static void release(struct model *m, unsigned u)
 			released(m, u);
 		return;
 	}
-	for (unsigned i = 0; i < un->n_ext; i++) {
-		struct pager_extent own;
+	/* One punch per run of adjacent extents (a layer's tensors mostly
+	 * follow each other): each punch unmaps its range from every client,
+	 * a page-table walk and a TLB shootdown on the engines' cores. */
+	struct pager_extent run = { 0, 0 };
+
+	for (unsigned i = 0; i <= un->n_ext; i++) {
+		struct pager_extent own = { 0, 0 };
 		struct io_tag *tag;
 
-		if (!own_range(m, u, i, &own))
+		if (i < un->n_ext && !own_range(m, u, i, &own))
 			continue;
-		tag = malloc(sizeof(*tag));
-		if (!tag || pio_punch(m->p->io, m->memfd, own.off, own.len, tag)) {
-			free(tag);
-			pager_log(PAGER_LOG_ERR, "%s: cannot queue the eviction of layer %d", m->name,
-				  un->layer);
+		if (i < un->n_ext && run.len && own.off == run.off + run.len) {
+			run.len += own.len;
 			continue;
 		}
-		*tag = (struct io_tag){ .m = m, .u = u, .kind = IO_PUNCH };
-		m->us[u].punches_left++;
+		if (run.len) {
+			tag = malloc(sizeof(*tag));
+			if (!tag || pio_punch(m->p->io, m->memfd, run.off, run.len, tag)) {
+				free(tag);
+				pager_log(PAGER_LOG_ERR, "%s: cannot queue the eviction of layer %d",
+					  m->name, un->layer);
+			} else {
+				*tag = (struct io_tag){ .m = m, .u = u, .kind = IO_PUNCH };
+				m->us[u].punches_left++;
+			}
+		}
+		run = own;
 	}
 	if (m->us[u].punches_left == 0)
 		released(m, u);
@@ -914,9 +930,13 @@ void pager_policy_advance(struct model *m)
 
 	/* This also frees layers a shrunken plan (pressure, a new client's
 	 * declared memory) no longer keeps resident. */
+	/* A layer memory pressure demoted goes now, even if the engine is
+	 * about to need it: freeing the memory is the point, and reading it
+	 * again into a slot is what streaming costs anyway. */
 	for (unsigned u = 1; u < U; u++)
 		if (m->us[u].state == U_LOADED && !m->waiters[u] &&
-		    (!pager_wants_mem(m, u) || (m->us[u].slot >= 0 && m->us[u].resident)) &&
+		    (!pager_wants_mem(m, u) || m->us[u].shed_pending ||
+		     (m->us[u].slot >= 0 && m->us[u].resident)) &&
 		    !(m->p->fuse && pager_fuse_waits_for(m, u)))
 			evict(m, u); /* (a slot's layer planned resident goes to the memfd) */
 	if (m->fuse_reader && m->us[0].state == U_LOADED && !pager_wants_mem(m, 0) && !m->waiters[0] &&

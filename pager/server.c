@@ -760,7 +760,7 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 	sigaddset(&mask, SIGALRM);
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	p->sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-	rc = pager_pressure_open(p);
+	rc = cfg->no_pressure ? 0 : pager_pressure_open(p);
 	if (rc)
 		pager_log_errno(PAGER_LOG_NOTICE, rc,
 				"no PSI memory trigger on %s: memory pressure is not watched",
@@ -804,8 +804,8 @@ int pager_run(struct pager *p)
 {
 	struct epoll_event evs[32];
 
-	/* pager_on_tick, once a second, through the signalfd */
-	const struct itimerval tick = { { 1, 0 }, { 1, 0 } };
+	/* pager_on_tick, through the signalfd */
+	const struct itimerval tick = { { 0, PAGER_TICK_MS * 1000 }, { 0, PAGER_TICK_MS * 1000 } };
 
 	pager_log(PAGER_LOG_NOTICE, "listening on %s (budget %.1f MiB, window %u)", p->sock_path,
 		  p->cfg.budget / 1048576.0, p->window);
@@ -836,7 +836,7 @@ int pager_run(struct pager *p)
 				if (si.ssi_signo == SIGALRM) {
 					pager_on_tick(p);
 				} else if (si.ssi_signo == SIGUSR1) {
-					pager_on_pressure(p, "SIGUSR1");
+					pager_on_pressure(p, "SIGUSR1", true);
 				} else if (si.ssi_signo == SIGUSR2) {
 					pager_on_restore(p);
 				} else {
@@ -853,7 +853,7 @@ int pager_run(struct pager *p)
 				pio_reap(p->io, pager_io_done, p);
 				break;
 			case EV_PSI:
-				pager_on_pressure(p, "memory pressure");
+				pager_on_pressure(p, "memory pressure", false);
 				break;
 			case EV_SOCK: {
 				struct client *c = EV_PTR(d);

@@ -57,6 +57,7 @@ struct ustat {
 	int st_err;
 	bool pc_read_during; /* a read refilled it while it was being dropped */
 	int slot;            /* the streaming slot it is read into; -1: the memfd */
+	bool shed_pending;   /* demoted by pressure, its memory not freed yet */
 	unsigned remaps_left; /* clients yet to map it back from the memfd (evicting) */
 	uint64_t loads, faults, evictions, bytes_read;
 	uint64_t stores, drops; /* into and out of the mount's page cache */
@@ -99,6 +100,7 @@ struct model {
 	unsigned *rank;          /* per layer: its place in the residency order */
 	unsigned n_resident;     /* layers planned resident: rank < n_resident */
 	unsigned shed;           /* layers demoted by memory pressure */
+	unsigned n_before_shed;  /* n_resident before the last shed (pressure.c) */
 	uint64_t mem_bytes;      /* units loading or loaded */
 	uint64_t sparse_bytes;   /* sparse blocks in the memfd (residency.c) */
 	uint64_t fuse_sparse_bytes; /* sparse pages the mount's reads cached */
@@ -198,8 +200,15 @@ struct pressure {
 	uint64_t shed_ns;          /* the last shed, until judged; 0: none */
 	uint64_t judged_ns;        /* when the last shed was judged */
 	uint64_t paused_until_ns;  /* triggers ignored until then */
-	unsigned calm_s;           /* seconds in a row below the calm rate */
+	uint64_t calm_since_ns;    /* below the calm rate since; 0: not calm */
 	uint64_t sheds, helped, futile, ignored;
+	/* From a shed to its layers' memory being free (pager_pressure_released) */
+	uint64_t event_ns;         /* the shed waiting to be released; 0: none */
+	unsigned release_left;     /* its layers still in memory */
+	uint64_t release_bytes;    /* what they freed so far */
+#define PRESSURE_LATENCIES 32
+	double release_ms[PRESSURE_LATENCIES]; /* the last ones, a ring */
+	unsigned n_release;        /* how many were recorded in all */
 };
 
 struct pager {
@@ -276,12 +285,20 @@ void pager_slots_forget(struct client *c);
 /* Open the PSI trigger (p->pressure.fd).  0 or -errno. */
 int pager_pressure_open(struct pager *p);
 void pager_pressure_close(struct pager *p);
-/* The trigger fired (or SIGUSR1, `what`): demote resident layers. */
-void pager_on_pressure(struct pager *p, const char *what);
+/* The trigger fired (`what`): demote resident layers if memory is short
+ * where the daemon's is; asked (SIGUSR1): demote them whatever. */
+void pager_on_pressure(struct pager *p, const char *what, bool asked);
 /* SIGUSR2: every demoted layer back. */
 void pager_on_restore(struct pager *p);
-/* Once a second: judge the last shed, restore when calm, follow the budget. */
+/* Every PAGER_TICK_MS: shed when memory runs short, judge the last shed,
+ * restore when calm, follow the budget. */
+#define PAGER_TICK_MS 250
 void pager_on_tick(struct pager *p);
+/* A layer a shed demoted has left memory (residency.c). */
+void pager_pressure_released(struct pager *p, uint64_t bytes);
+/* The median time from a shed to its layers' memory being free, ms (0:
+ * none yet). */
+double pager_pressure_release_ms(const struct pager *p);
 
 /* predict.c: decode speed for any number of resident layers */
 /* A PASS from client c: `tokens` decode passes took wall_ns. */
@@ -303,6 +320,11 @@ int pager_budget_measure(const struct pager *p, struct budget *b);
  * it did. */
 bool pager_budget_follow(struct pager *p);
 const char *pager_budget_source_name(enum budget_source s);
+/* Memory free under the limit the budget follows now: the cgroup's limit
+ * less its usage, or MemFree; with cache_free, page cache that can be
+ * reclaimed counts as free (the cgroup's inactive file pages, or
+ * MemAvailable).  0 or -errno. */
+int pager_budget_headroom(const struct pager *p, bool cache_free, uint64_t *out);
 
 /* server.c */
 void pager_drop_client(struct client *c, const char *why);

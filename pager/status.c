@@ -151,13 +151,17 @@ static void render_plan(struct sbuf *s, const struct pager *p)
 	   plan_mode_name(p->plan.mode), p->plan.minimum / 1048576.0, why[p->plan.mode],
 	   p->plan.engines / 1048576.0);
 	if (ps->fd < 0) {
-		sb(s, "pressure      not watched\n");
+		sb(s, "pressure      not watched%s\n", p->cfg.no_pressure ? " (--no-pressure)" : "");
 		return;
 	}
 	sb(s, "pressure      %s: stalls %.1f ms/s; %llu sheds (%llu relieved it, %llu did not), "
-	      "%llu events ignored\n",
+	      "%llu events ignored",
 	   ps->path, ps->rate / 1e3, (unsigned long long)ps->sheds, (unsigned long long)ps->helped,
 	   (unsigned long long)ps->futile, (unsigned long long)ps->ignored);
+	if (ps->n_release)
+		sb(s, "; shed layers freed %.1f ms after the event (median of %u)",
+		   pager_pressure_release_ms(p), ps->n_release);
+	sb(s, "\n");
 }
 
 void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size_t *len)
@@ -193,9 +197,11 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		sb(&s, "\"pressure\": {\"watching\": \"");
 		sb_json(&s, ps->fd >= 0 ? ps->path : "");
 		sb(&s, "\", \"stall_us_per_s\": %.0f, \"sheds\": %llu, \"helped\": %llu, "
-		       "\"futile\": %llu, \"ignored\": %llu}, ",
+		       "\"futile\": %llu, \"ignored\": %llu, \"releases\": %u, "
+		       "\"release_ms_median\": %.3f}, ",
 		   ps->rate, (unsigned long long)ps->sheds, (unsigned long long)ps->helped,
-		   (unsigned long long)ps->futile, (unsigned long long)ps->ignored);
+		   (unsigned long long)ps->futile, (unsigned long long)ps->ignored, ps->n_release,
+		   pager_pressure_release_ms(p));
 		sb(&s, "\"io\": {\"chunk_bytes\": %llu, \"depth\": %u, \"source\": \"%s\", "
 		       "\"probed_gbps\": %.3f, \"probed_time\": %lld, \"cache\": \"",
 		   (unsigned long long)io->chunk, io->depth, io_source[io->source], io->gbps,

@@ -395,6 +395,8 @@ def case_shed():
     wait_for(lambda: sum(l["evictions"] > 0 for l in d.model(name)["layers"]) > 0, 30,
              "evictions of demoted layers")
     running = e.poll() is None
+    pressure = wait_for(lambda: (lambda ps: ps if ps["releases"] >= 1 else None)(
+        d.status()["pressure"]), 30, "the shed layers freed")
     paged = os.path.join(TMP, "shed.paged")
     r = run_eval(m, toks, paged, d.sock)
     st = d.model(name)
@@ -408,6 +410,8 @@ def case_shed():
     check("shed: SIGUSR1 demotes a quarter of the resident layers, twice",
           st["resident_layers_planned"] == left, str(st["resident_layers_planned"]))
     check("shed: the running engine keeps running", running)
+    check("shed: the time from the shed to its layers' memory being free is measured",
+          pressure["sheds"] == 2 and pressure["release_ms_median"] > 0, str(pressure))
     check("shed: results through the shed pager are bit-identical",
           r.returncode == 0 and open(paged, "rb").read() == open(plain, "rb").read(), r.stderr)
     check("shed: SIGUSR2 restores every layer and the daemon lives on", alive)
