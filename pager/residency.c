@@ -790,13 +790,24 @@ static uint64_t full_bytes(const struct model *m)
 	return m->lay->units[0].bytes + layer_bytes(m) + sparse_held(m);
 }
 
-/* What streaming model m needs at least (plan.c): with a FUSE mount, its
- * staging buffers too. */
-uint64_t pager_minimum(const struct model *m, const struct pager *p)
+static bool has_uffd_clients(const struct model *m);
+
+/* Copies of m's resident layers that exist at once: the memfd's for the
+ * userfaultfd engines and the mount's page cache for the readers of the
+ * file are separate memory, so with both kinds of consumer every resident
+ * byte is held twice. */
+static unsigned copies(const struct model *m)
 {
-	return plan_minimum(full_bytes(m), m->lay->units[0].bytes, m->lay->max_layer_bytes,
-			    m->lay->n_layers, p->window, sparse_held(m),
-			    p->cfg.fuse_dir ? PAGER_FUSE_STAGING : 0);
+	return m->fuse_inode && has_uffd_clients(m) ? 2 : 1;
+}
+
+/* What streaming model m needs at least (plan.c), in `n` copies: with a
+ * FUSE mount, its staging buffers too (once). */
+static uint64_t minimum(const struct model *m, const struct pager *p, unsigned n)
+{
+	return n * plan_minimum(full_bytes(m), m->lay->units[0].bytes, m->lay->max_layer_bytes,
+				m->lay->n_layers, p->window, sparse_held(m), 0) +
+	       (p->cfg.fuse_dir ? PAGER_FUSE_STAGING : 0);
 }
 
 /* Share the budget (plan.c) and mark each model's resident layers: the
@@ -807,13 +818,14 @@ void pager_plan(struct pager *p)
 	p->plan.declared = pager_declared(p);
 	p->plan.resident = p->cfg.resident;
 	for (unsigned i = 0; i < p->n_models; i++) {
-		const struct model *m = &p->models[i];
+		struct model *m = &p->models[i];
 		struct plan_model *pm = &p->plan_models[i];
-		unsigned L = m->lay->n_layers;
+		unsigned L = m->lay->n_layers, n = copies(m);
 
-		pm->full = full_bytes(m) + (p->cfg.fuse_dir ? PAGER_FUSE_STAGING : 0);
-		pm->minimum = pager_minimum(m, p);
-		pm->layer_bytes = L ? layer_bytes(m) / L : 0;
+		m->copies = n;
+		pm->full = n * full_bytes(m) + (p->cfg.fuse_dir ? PAGER_FUSE_STAGING : 0);
+		pm->minimum = minimum(m, p, n);
+		pm->layer_bytes = L ? n * layer_bytes(m) / L : 0;
 		pm->n_layers = L;
 		pm->window = p->window;
 		pm->shed = m->shed;
@@ -926,6 +938,11 @@ uint64_t pager_held(const struct model *m)
 void pager_policy_advance(struct model *m)
 {
 	unsigned U = m->lay->n_units;
+
+	/* an engine and a reader of the mount arrived or left: the copies */
+	if (copies(m) != m->copies)
+		pager_plan(m->p);
+
 	uint64_t allow = pager_allowance(m);
 
 	/* This also frees layers a shrunken plan (pressure, a new client's

@@ -101,6 +101,8 @@ struct model {
 	unsigned n_resident;     /* layers planned resident: rank < n_resident */
 	unsigned shed;           /* layers demoted by memory pressure */
 	unsigned n_before_shed;  /* n_resident before the last shed (pressure.c) */
+	unsigned copies;         /* of the resident layers, as planned: 2 with
+				  * engines and the mount's readers at once */
 	uint64_t mem_bytes;      /* units loading or loaded */
 	uint64_t sparse_bytes;   /* sparse blocks in the memfd (residency.c) */
 	uint64_t fuse_sparse_bytes; /* sparse pages the mount's reads cached */
@@ -261,7 +263,6 @@ void pager_declare(struct client *c, uint64_t bytes);
 /* What the model holds against its allowance: memfd, page cache, sparse. */
 uint64_t pager_held(const struct model *m);
 int pager_plan_init(struct model *m);
-uint64_t pager_minimum(const struct model *m, const struct pager *p);
 void pager_plan(struct pager *p);
 void pager_replan(struct pager *p);
 void pager_policy_advance(struct model *m);

@@ -18,6 +18,10 @@
   fuse        every fixture through `stratad --fuse`: the mounted files have the
               exact bytes, and `strata eval` on them (plain mmap, no --pager)
               gives bit-identical logits; SIGTERM unmounts
+  fuse-mixed  an engine through userfaultfd and one reading through the mount
+              on the same model at once: both bit-identical, the memfd and
+              the page cache together within one budget, and either one
+              leaving first leaves the daemon serving
   warm        an engine started after another exits finds every layer planned
               resident still in memory: none is read again
   accounting  an engine's KV cache and buffers are declared, shown by stratactl
@@ -101,11 +105,16 @@ def tokens_of(name):
     return ",".join(map(str, ref["prompt_tokens"] + ref["greedy_tokens"]))
 
 
-def run_eval(model, toks, out, sock=None):
-    cmd = [STRATA, "eval", "-m", model, "--tokens", toks, "--logits-out", out]
+def eval_cmd(model, toks, out, sock=None, opts=()):
+    cmd = [STRATA, "eval", "-m", model, "--tokens", toks, "--logits-out", out, *opts]
     if sock:
         cmd += ["--pager", sock]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return cmd
+
+
+def run_eval(model, toks, out, sock=None, opts=()):
+    return subprocess.run(eval_cmd(model, toks, out, sock, opts), capture_output=True, text=True,
+                          timeout=120)
 
 
 def case_identical():
@@ -145,11 +154,13 @@ def case_identical():
                       max(l["bytes"] for l in st["layers"]), str(st["slot_loads"]))
 
 
-def long_model():
-    """A model big enough that a run lasts a while (seconds, not ms)."""
-    path = os.path.join(TMP, "small-q4_0.gguf")
+def long_model(layers=None):
+    """A model big enough that a run lasts a while (seconds, not ms): the
+    small shape, with `layers` layers in place of its 12 if given."""
+    path = os.path.join(TMP, f"small-q4_0-{layers}.gguf" if layers else "small-q4_0.gguf")
     if not os.path.exists(path):
-        subprocess.run([MKMODEL, "--shape", "small", "--type", "q4_0", "-o", path],
+        more = ["--layers", str(layers)] if layers else []
+        subprocess.run([MKMODEL, "--shape", "small", "--type", "q4_0", *more, "-o", path],
                        check=True, capture_output=True)
     return path
 
@@ -707,12 +718,165 @@ def case_fuse_kill():
     d.stop()
 
 
+def case_fuse_mixed():
+    """One model, one budget, two consumers: an engine through userfaultfd
+    (reading the memfd) and a plain-mmap engine reading the file through the
+    mount (the page cache), at the same time.  Both get the plain run's
+    logits bit for bit; the memory the daemon holds for the model, memfd and
+    page cache together, stays within the model's allowance (the budget less
+    the engines' declared memory) give or take the one layer a reader's own
+    reads may add (docs/design.md, the FUSE front end), while they run and
+    while an engine runs after them; and whichever of the two leaves first,
+    the daemon goes on serving."""
+    if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
+        print("skip fuse-mixed: needs /dev/fuse and root")
+        return
+    mnt = os.path.join(TMP, "mnt-mixed")
+    os.mkdir(mnt)
+    # 32 layers of 3.4 MiB, 136 MiB in all.  The engine declares about
+    # 65 MiB (2048 tokens of KV cache): one copy of the model fits the rest
+    # of 250M, but not the two the consumers read at once (the memfd's and
+    # the page cache's), so while both run the daemon plans for two copies
+    # and streams some layers, and the budget has to hold them together.
+    m = long_model(layers=32)
+    name = os.path.basename(m)
+    # one token a pass: every token goes through every layer, so the
+    # streamed layers are read again and again while both engines run
+    toks = ",".join(str(i) for i in range(1, 17))
+    opts = ["-b", "1", "-c", "2048", "-t", "1"]
+    plain = os.path.join(TMP, "mixed.plain")
+    r = run_eval(m, toks, plain, opts=opts)
+    check("fuse-mixed: plain eval", r.returncode == 0, r.stderr)
+    want = open(plain, "rb").read()
+    d = Daemon([m], "--budget", "250M", "--fuse", mnt)
+    ps, worst, planned = [], {}, set()
+
+    def sample(when):
+        """The model's status, noting for each `when` how far the memory
+        held for it went past its allowance at worst."""
+        s = d.status()
+        if not s:
+            return None
+        st = next(x for x in s["models"] if x["name"] == name)
+        mib = {k: st[k] / 1048576 for k in ("memfd_bytes", "page_cache_bytes", "slot_bytes",
+                                           "sparse_bytes")}
+        held = sum(mib.values())
+        over = held - st["allowance_bytes"] / 1048576
+        planned.add(st["resident_layers_planned"])
+        if when not in worst or over > worst[when][0]:
+            worst[when] = (over, f"{held:.1f} MiB held ({mib['memfd_bytes']:.1f} in the memfd, "
+                           f"{mib['page_cache_bytes']:.1f} in the page cache) against an "
+                           f"allowance of {st['allowance_bytes'] / 1048576:.1f} MiB (a "
+                           f"{s['budget_bytes'] / 1048576:.1f} MiB budget less "
+                           f"{s['declared_bytes'] / 1048576:.1f} declared), "
+                           f"{st['resident_layers_planned']} of {len(st['layers'])} layers "
+                           f"planned resident: {over:.1f} MiB over")
+        return st
+
+    def start(model, out, sock=None):
+        ps.append(subprocess.Popen(eval_cmd(model, toks, out, sock, opts),
+                                   stderr=subprocess.PIPE, text=True))
+        return ps[-1]
+
+    def finish(p, when):
+        wait_for(lambda: sample(when) and p.poll() is not None, 60, "an engine to finish")
+
+    def detached(when):
+        def no_engine():
+            st = sample(when)
+            return st is not None and not [c for c in st["clients"] if c["kind"] == "uffd"]
+        wait_for(no_engine, 10, "the engine detached")
+
+    try:
+        # An engine alone first: what it declared stays set aside after it
+        # exits, so the runs below start from the plan they run under
+        # instead of shrinking one when the engine declares its memory
+        # (which the daemon cannot know before).
+        out = os.path.join(TMP, "mixed.alone")
+        r = run_eval(m, toks, out, d.sock, opts)
+        check("fuse-mixed: an engine alone through the budgeted daemon matches the plain run",
+              r.returncode == 0 and open(out, "rb").read() == want, r.stderr.strip())
+        both, after = "while both engines were connected", "while the next engine ran"
+        # Three times: both to the end, then each of the two leaving first
+        # while the other is held stopped, and an engine after them.
+        for first in (None, "uffd", "fuse"):
+            last = {"uffd": "fuse", "fuse": "uffd"}.get(first)
+            alone = f"while the {last} engine went on alone"
+            tag = f"fuse-mixed ({first} leaves first)" if first else "fuse-mixed (both to the end)"
+            outs = {k: os.path.join(TMP, f"mixed.{first}.{k}") for k in ("uffd", "fuse")}
+            p = {"uffd": start(m, outs["uffd"], d.sock),
+                 "fuse": start(os.path.join(mnt, name), outs["fuse"])}
+            # Overlap: the mount's reads went on between two samples that
+            # both list the engine as connected.
+            reads = []
+
+            def overlap():
+                st = sample(both)
+                cl = st["clients"] if st else []
+                if any(c["kind"] == "uffd" and c["pid"] == p["uffd"].pid for c in cl):
+                    reads.append(sum(c["reads"] for c in cl if c["kind"] == "fuse"))
+                return len(reads) > 1 and reads[-1] > reads[0]
+
+            wait_for(lambda: overlap() or any(x.poll() is not None for x in p.values()), 60,
+                     "both engines reading")
+            check(f"{tag}: the two engines ran at the same time",
+                  len(reads) > 1 and reads[-1] > reads[0],
+                  f"the mount's reads {reads} while the engine was connected; exits "
+                  f"{[x.poll() for x in p.values()]}")
+            if first:
+                # `first` finishes and leaves while `last` is held stopped
+                p[last].send_signal(signal.SIGSTOP)
+                finish(p[first], both)
+                check(f"{tag}: the {last} engine was still running", p[last].poll() is None,
+                      f"exit {p[last].poll()}")
+                if first == "uffd":
+                    detached(both)
+                p[last].send_signal(signal.SIGCONT)
+                finish(p[last], alone)
+            else:
+                for x in p.values():
+                    finish(x, both)
+            detached(alone if first else both)
+            errs = [x.communicate()[1].strip() for x in p.values()]
+            for k, x in p.items():
+                check(f"{tag}: the {k} engine matches the plain run",
+                      x.returncode == 0 and open(outs[k], "rb").read() == want,
+                      f"exit {x.returncode}: {errs}")
+            if not first:
+                continue
+            out = os.path.join(TMP, f"mixed.{first}.after")
+            e = start(m, out, d.sock)
+            finish(e, after)
+            check(f"{tag}: the daemon serves the next engine", d.p.poll() is None and
+                  e.returncode == 0 and open(out, "rb").read() == want, e.communicate()[1])
+        st = d.model(name)
+        n_layers = len(st["layers"])
+        check("fuse-mixed: some layers streamed, through the memfd and through the page cache",
+              any(0 < n < n_layers for n in planned) and
+              sum(l["evictions"] for l in st["layers"]) > 0 and
+              sum(l["drops"] for l in st["layers"]) > 0,
+              f"planned resident {sorted(planned)} of {n_layers}; (layer, evictions, drops) "
+              f"{[(l['layer'], l['evictions'], l['drops']) for l in st['layers']]}")
+        layer = max(l["bytes"] for l in st["layers"]) / 1048576
+        check("fuse-mixed: the memfd and the page cache together stay within the model's "
+              "allowance, give or take a layer",
+              bool(worst) and all(over <= layer for over, _ in worst.values()),
+              "; ".join(f"{when}: {text}" for when, (_, text) in worst.items()) +
+              f" (a layer is {layer:.1f} MiB)")
+    finally:
+        for x in ps:
+            if x.poll() is None:
+                x.kill()
+                x.wait()
+        d.stop()
+
+
 CASES = {"identical": case_identical, "share": case_share,
          "share-streaming": case_share_streaming, "garbage": case_garbage,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
          "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse,
-         "fuse-kill": case_fuse_kill, "warm": case_warm, "accounting": case_accounting,
-         "io-probe": case_io_probe, "plan": case_plan}
+         "fuse-kill": case_fuse_kill, "fuse-mixed": case_fuse_mixed, "warm": case_warm,
+         "accounting": case_accounting, "io-probe": case_io_probe, "plan": case_plan}
 
 for name in sys.argv[1:] or CASES:
     try:

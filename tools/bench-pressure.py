@@ -22,7 +22,8 @@ Per model, in each repetition:
   on        the hog, the daemon's pressure response on (the default);
   off       the hog, stratad --no-pressure.
 For each it records: tokens decoded and tok/s per token (the trace), tok/s
-before the hog and while the hog holds its memory, the cgroup's peak and
+before the hog, from two seconds after it started, and over the last ten
+tokens (the steady state under the hog), the cgroup's peak and
 OOM kills, whether the daemon and the engine survived, the daemon's sheds
 (how many relieved the pressure) and the median time from a PSI event to the
 shed layers' memory being free.  Markdown to stdout.  Needs root.
@@ -175,6 +176,7 @@ def run(model, kind):
                 tps=statistics.median(1 / t for _, t in toks) if toks else 0,
                 before=statistics.median(before) if before else 0,
                 during=statistics.median(during) if during else 0,
+                last=statistics.median(1 / t for _, t in toks[-10:]) if toks else 0,
                 hog_alive=hogp is not None and hogp.returncode == 0,
                 sheds=pressure.get("sheds", 0), helped=pressure.get("helped", 0),
                 futile=pressure.get("futile", 0), ignored=pressure.get("ignored", 0),
@@ -201,11 +203,12 @@ finally:
 print(f"Memory cgroup limit {limit >> 20} MiB (daemon, engine and hog inside; no swap); "
       f"{a.tokens} decoded tokens; the hog grows to {anon_max >> 20} MiB of anonymous memory "
       f"and re-reads a {ws >> 20} MiB file from the third token on.\n")
-print("| model | run | tokens | median tok/s | before the hog | under the hog | engine | daemon "
+print("| model | run | tokens | median tok/s | before the hog | under the hog | last 10 | engine | daemon "
       "| OOM kills | peak MiB | sheds (relieved) | ignored | shed to freed, ms |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     print(f"| {r['model']} | {r['kind']} | {r['tokens']} | {r['tps']:.3f} | {r['before']:.3f} | "
-          f"{r['during']:.3f} | {'ok' if r['engine_rc'] == 0 else 'exit %d' % r['engine_rc']} | "
+          f"{r['during']:.3f} | {r['last']:.3f} | "
+          f"{'ok' if r['engine_rc'] == 0 else 'exit %d' % r['engine_rc']} | "
           f"{'alive' if r['daemon_alive'] else 'dead'} | {r['ooms']} | {r['peak'] >> 20} | "
           f"{r['sheds']} ({r['helped']}) | {r['ignored']} | {r['release_ms']:.1f} |")
