@@ -14,12 +14,16 @@
  *         measured best (probe.c) until the first such second.
  *
  * Reading runs ahead of the engine (the window), so a token takes the longer
- * of its compute and its reads, not their sum.  C and B are running averages
- * (weight 1/4 for the newest), so the prediction follows a machine whose
- * storage or CPU gets busier.  Nothing here is a constant of this machine:
+ * of its compute and its reads, not their sum.  C is the median of the last
+ * reports (an engine's first token, the model coming into memory, is an
+ * outlier), B a running average (weight 1/4 for the newest), so the
+ * prediction follows a machine whose storage or CPU gets busier.  Nothing here is a constant of this machine:
  * before an engine has decoded, there is no prediction (0).
  */
 #include "server_i.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #define NEW_WEIGHT 0.25
 #define MIN_BUSY_NS 50000000ull /* a second with this much reading counts */
@@ -29,18 +33,43 @@ static double blend(double avg, double x)
 	return avg > 0 ? avg + NEW_WEIGHT * (x - avg) : x;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The median of the last reports' values (v: a ring of SPEED_SAMPLES). */
+static double median(const double *v, unsigned n)
+{
+	double s[SPEED_SAMPLES];
+
+	if (n > SPEED_SAMPLES)
+		n = SPEED_SAMPLES;
+	memcpy(s, v, n * sizeof(*s));
+	qsort(s, n, sizeof(*s), cmp_double);
+	return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+/* Medians, not averages: an engine's first token (the model coming into
+ * memory) or one disturbed by another program is an outlier to ignore. */
 void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns)
 {
 	struct model *m = c->m;
 	uint64_t waited = c->wait_ns - c->wait_reported;
 	double compute;
+	unsigned k;
 
 	c->wait_reported = c->wait_ns;
 	if (!tokens || wall_ns == 0 || wall_ns > 3600ull * 1000000000)
 		return;
 	compute = waited < wall_ns ? (double)(wall_ns - waited) : 0;
-	m->speed.wall_ns = blend(m->speed.wall_ns, (double)wall_ns / tokens);
-	m->speed.compute_ns = blend(m->speed.compute_ns, compute / tokens);
+	k = m->speed.reports++ % SPEED_SAMPLES;
+	m->speed.wall[k] = (double)wall_ns / tokens;
+	m->speed.compute[k] = compute / tokens;
+	m->speed.wall_ns = median(m->speed.wall, m->speed.reports);
+	m->speed.compute_ns = median(m->speed.compute, m->speed.reports);
 	m->speed.tokens += tokens;
 }
 

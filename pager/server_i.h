@@ -127,9 +127,13 @@ struct model {
 	bool *slot_touched;      /* its pages exist (held from then on) */
 	uint64_t slot_bytes;     /* bytes of touched slots */
 	uint64_t slot_loads;     /* loads into a slot */
-	/* What its engines' decode passes took (predict.c): running averages
-	 * a token, of the wall time and of it less the waits on faults. */
+	/* What its engines' decode passes took (predict.c): a token's wall
+	 * time and that less the waits on faults, in the last reports, and
+	 * their medians. */
 	struct {
+#define SPEED_SAMPLES 16
+		double wall[SPEED_SAMPLES], compute[SPEED_SAMPLES];
+		unsigned reports;
 		double wall_ns, compute_ns;
 		uint64_t tokens;
 	} speed;

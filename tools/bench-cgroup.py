@@ -3,6 +3,7 @@
 
   tools/bench-cgroup.py --model M.gguf [--model M2.gguf ...] --llama-bench PATH
                         [--limit 2560M] [--budget SIZE] [--reps 3] [--tokens 8]
+                        [--fuse [--fuse-budget 2G]] [--only-fuse]
 
 The device is emulated by a memory cgroup (v1) of --limit bytes.  Per model
 and repetition, interleaved (strata, then llama.cpp, then the next model):
@@ -16,6 +17,14 @@ and repetition, interleaved (strata, then llama.cpp, then the next model):
             reading the file through the page cache (build it with
             GGML_CPU_AARCH64=OFF: with Q4_0 repacking on, it copies the whole
             model into its own memory at load and cannot run in the limit).
+
+  fuse      (--fuse) llama.cpp's llama-bench inside the cgroup again, reading
+            the model through stratad's FUSE mount; the daemon runs outside
+            the cgroup (`--budget` --fuse-budget), as it would serve a
+            runtime it does not control.  Its pressure events, sheds and
+            their judgement are reported (shedding cannot relieve the
+            reader's own cgroup, and must not be kept when it did not).
+            --only-fuse runs just llama.cpp plain and through the mount.
 
 The page cache is dropped before every run.  Prints a markdown table of
 medians (decode tok/s, strata / llama.cpp), per-run values, the cgroup's
@@ -39,7 +48,11 @@ ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=8)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--window", type=int, default=0)
+ap.add_argument("--fuse", action="store_true")
+ap.add_argument("--only-fuse", action="store_true")
+ap.add_argument("--fuse-budget", default="2G")
 a = ap.parse_args()
+a.fuse = a.fuse or a.only_fuse
 
 
 def size(s):
@@ -126,14 +139,41 @@ def run_llama(model, cg):
     return {"tps": json.loads(r.stdout)[0]["avg_ts"]}
 
 
+def run_fuse(model, cg):
+    """llama.cpp in the cgroup, reading through the mount of a daemon outside it."""
+    mnt = f"/tmp/strata-bench-cg-mnt-{os.getpid()}"
+    os.makedirs(mnt, exist_ok=True)
+    d = subprocess.Popen([STRATAD, "--socket", sock, "--budget", a.fuse_budget, "--fuse", mnt,
+                          model], stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 180
+        while time.monotonic() < end and not status():
+            if d.poll() is not None:
+                sys.exit("stratad exited: " + d.stderr.read())
+            time.sleep(0.05)  # polling the socket with a deadline
+        r = run_llama(os.path.join(mnt, os.path.basename(model)), cg)
+        st = status()
+    finally:
+        d.send_signal(signal.SIGTERM)
+        err = d.communicate(timeout=60)[1]
+        os.rmdir(mnt)
+    p = st["pressure"]
+    r.update(pressure=st["pressure_events"], sheds=p["sheds"], helped=p["helped"],
+             futile=p["futile"], ignored=p["ignored"],
+             log=[l for l in err.splitlines() if "pressure" in l or "shed" in l])
+    return r
+
+
 def runs(rows):
     return ", ".join(f"{x['tps']:.3f}" for x in rows)
 
 
-res = {m: {"strata": [], "llama": []} for m in a.model}
+engines = ([] if a.only_fuse else [("strata", run_strata)]) + [("llama", run_llama)] + \
+    ([("fuse", run_fuse)] if a.fuse else [])
+res = {m: {who: [] for who, _ in engines} for m in a.model}
 for rep in range(a.reps):
     for m in a.model:
-        for who, fn in (("strata", run_strata), ("llama", run_llama)):
+        for who, fn in engines:
             drop_caches()
             cg = Cgroup()
             try:
@@ -148,6 +188,27 @@ for rep in range(a.reps):
                    if who == "strata" else "") +
                   f", peak {r['peak'] >> 20} MiB", file=sys.stderr)
 
+if a.fuse:
+    print(f"llama.cpp through the FUSE mount of a daemon outside the cgroup (--budget "
+          f"{a.fuse_budget}), against its own plain mmap, both inside the {limit >> 20} MiB "
+          f"cgroup:\n")
+    print("| model | through the mount tok/s (runs) | plain mmap tok/s (runs) | ratio | "
+          "pressure events | sheds (relieved / not) | ignored |")
+    print("|---|---|---|---|---|---|---|")
+    for m in a.model:
+        f, l = res[m]["fuse"], res[m]["llama"]
+        mf, ml = statistics.median(x["tps"] for x in f), statistics.median(x["tps"] for x in l)
+        print(f"| {os.path.basename(m)} | {mf:.3f} ({runs(f)}) | {ml:.3f} ({runs(l)}) | "
+              f"{mf / ml:.2f} | {sum(x['pressure'] for x in f)} | "
+              f"{sum(x['sheds'] for x in f)} ({sum(x['helped'] for x in f)} / "
+              f"{sum(x['futile'] for x in f)}) | {sum(x['ignored'] for x in f)} |")
+    for m in a.model:
+        for x in res[m]["fuse"]:
+            for line in x["log"]:
+                print(f"    {line}", file=sys.stderr)
+    if a.only_fuse:
+        sys.exit(0)
+    print()
 print(f"Memory cgroup limit {limit >> 20} MiB; stratad --budget {budget >> 20} MiB; "
       f"{a.tokens} decoded tokens per run, {a.threads} threads; {a.reps} interleaved "
       f"repetitions, medians.\n")
