@@ -20,7 +20,11 @@ Per model, in each repetition:
   stream    stratad --resident 0, no hog: full streaming, the speed that
             pressure must never push decoding below;
   on        the hog, the daemon's pressure response on (the default);
-  off       the hog, stratad --no-pressure.
+  off       the hog, stratad --no-pressure;
+  plain     (only when asked for with --runs) the default daemon, no hog:
+            does the automatic budget run the model within the limit?
+The daemon's log and its last `stratactl status` of every run are kept in
+/tmp/strata-bench-pressure-logs.
 For each it records: tokens decoded and tok/s per token (the trace), tok/s
 before the hog, from two seconds after it started, and over the last ten
 tokens (the steady state under the hog), the cgroup's peak and
@@ -50,7 +54,8 @@ ap.add_argument("--tokens", type=int, default=30)
 ap.add_argument("--hog", default="3584M", help="anonymous memory the hog grows to")
 ap.add_argument("--working-set", default="1G", help="file the hog keeps re-reading")
 ap.add_argument("--reps", type=int, default=1)
-ap.add_argument("--runs", default="stream,on,off", help="which of stream, on, off to run")
+ap.add_argument("--runs", default="stream,on,off", help="which of stream, on, off, plain "
+                "to run")
 ap.add_argument("--hog-child", nargs=3, help=argparse.SUPPRESS)
 a = ap.parse_args()
 
@@ -125,7 +130,7 @@ def run(model, kind):
     for p in (trace, stop, sock):
         if os.path.exists(p):
             os.unlink(p)
-    args = {"stream": ["--resident", "0"], "on": [], "off": ["--no-pressure"]}[kind]
+    args = {"stream": ["--resident", "0"], "on": [], "off": ["--no-pressure"], "plain": []}[kind]
     log = open(os.path.join(tmp, f"stratad-{kind}.log"), "w")
     d = subprocess.Popen([STRATAD, "--socket", sock, *args, model], preexec_fn=into_cgroup,
                          stderr=log)
@@ -143,7 +148,7 @@ def run(model, kind):
                              stderr=subprocess.PIPE, text=True)
         hog_t = None
         while e.poll() is None:
-            if kind != "stream" and hogp is None and len(trace_of(trace)) >= 3:
+            if kind in ("on", "off") and hogp is None and len(trace_of(trace)) >= 3:
                 hogp = subprocess.Popen([sys.executable, __file__, "--model", model,
                                          "--hog-child", str(anon_max), ws_path, stop],
                                         preexec_fn=into_cgroup)
@@ -154,6 +159,10 @@ def run(model, kind):
             time.sleep(0.1)  # sampling every 100 ms while the engine runs
         out, err = e.communicate()
         st = status()
+        text = subprocess.run([CTL, "--socket", sock, "status"], capture_output=True,
+                              text=True).stdout
+        with open(os.path.join(tmp, f"status-{kind}-{os.path.basename(model)}.txt"), "w") as f:
+            f.write(text)
         daemon_alive = d.poll() is None
     finally:
         open(stop, "w").close()
@@ -200,9 +209,11 @@ finally:
     subprocess.run(["mv", tmp, logs])
     print(f"daemon logs: {logs}", file=sys.stderr)
 
-print(f"Memory cgroup limit {limit >> 20} MiB (daemon, engine and hog inside; no swap); "
-      f"{a.tokens} decoded tokens; the hog grows to {anon_max >> 20} MiB of anonymous memory "
-      f"and re-reads a {ws >> 20} MiB file from the third token on.\n")
+hog_runs = {"on", "off"} & set(a.runs.split(","))
+print(f"Memory cgroup limit {limit >> 20} MiB (daemon, engine" +
+      (" and hog" if hog_runs else "") + f" inside; no swap); {a.tokens} decoded tokens" +
+      (f"; the hog grows to {anon_max >> 20} MiB of anonymous memory and re-reads a "
+       f"{ws >> 20} MiB file from the third token on" if hog_runs else "") + ".\n")
 print("| model | run | tokens | median tok/s | before the hog | under the hog | last 10 | engine | daemon "
       "| OOM kills | peak MiB | sheds (relieved) | ignored | shed to freed, ms |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -6,8 +6,9 @@
 #
 # Without a model it makes a synthetic 1B-shaped Q4_0 model (random weights:
 # the text is noise, the streaming is real) under /var/tmp/strata-demo.
-# BUDGET (bytes or 512M/2G...) defaults to half the model, so half of it
-# streams from storage while it runs.
+# BUDGET (bytes or 512M/2G...) defaults to half the model and room for the
+# engine's own memory, so about half of the layers stream from storage while
+# it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/deps.sh
@@ -19,7 +20,10 @@ if [ -z "$model" ]; then
 	model=/var/tmp/strata-demo/llama-1b-q4_0.gguf
 	[ -f "$model" ] || build/tools/strata-mkmodel --shape llama-1b --type q4_0 -o "$model"
 fi
-budget=${BUDGET:-$(( $(stat -c %s "$model") / 2 ))}
+# half the model for its layers, and room for what the engine declares
+# against the budget (its heap and KV cache: about 180 MiB here); a budget
+# that cannot hold both is refused, by the daemon or for the engine
+budget=${BUDGET:-$(( $(stat -c %s "$model") / 2 + (256 << 20) ))}
 sock=$(mktemp -u /tmp/strata-demo-XXXXXX.sock)
 build/daemon/stratad --socket "$sock" --budget "$budget" "$model" &
 daemon=$!
