@@ -43,6 +43,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_CTX_DEFAULT 4096
@@ -89,6 +90,7 @@ struct eng_ctx {
 	uint8_t *qact;               /* quantized activations, [n_batch] rows
 				      * (each with its pack8 copy beside it) */
 	size_t qact_stride;
+	uint64_t *layer_ns;          /* [n_layer] each layer's time in the last pass */
 	uint64_t bytes;
 };
 
@@ -522,8 +524,10 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	max_in = max_in > hp->n_ff ? max_in : hp->n_ff;
 	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
 	c->qact = xcalloc(c, (size_t)c->n_batch, c->qact_stride);
+	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
 	if (!c->kcache || !c->vcache || !c->x || !c->xb || !c->xb2 || !c->q || !c->kb || !c->vb ||
-	    !c->hb || !c->hb2 || !c->att || !c->vrow || !c->vacc || !c->q16 || !c->logits || !c->theta_base || !c->qact)
+	    !c->hb || !c->hb2 || !c->att || !c->vrow || !c->vacc || !c->q16 || !c->logits ||
+	    !c->theta_base || !c->qact || !c->layer_ns)
 		goto oom;
 
 	/* theta for pair i at position p is p * freq_scale * base^(-2i/n_rot),
@@ -572,12 +576,18 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->logits);
 	free(c->theta_base);
 	free(c->qact);
+	free(c->layer_ns);
 	free(c);
 }
 
 uint64_t eng_ctx_bytes(const struct eng_ctx *c)
 {
 	return c->bytes;
+}
+
+const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c)
+{
+	return c->layer_ns;
 }
 
 uint32_t eng_ctx_n_ctx(const struct eng_ctx *c)
@@ -946,6 +956,14 @@ static void layer_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		c->x[i] += c->xb[i];
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* One batch of nb tokens at positions n_past..; logits for rows [first, nb). */
 static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, uint32_t first,
 			  float *logits)
@@ -959,8 +977,19 @@ static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, ui
 		c->k->to_float[m->tok_embd.type](m->tok_embd.data +
 							 (size_t)tok[b] * m->tok_embd.row_bytes,
 						 c->x + (size_t)b * E, E);
-	for (uint32_t l = 0; l < hp->n_layer; l++)
+	/* Each layer timed (a clock read costs ~20 ns; a layer, milliseconds):
+	 * the pager's speed predictor learns from it what compute costs in a
+	 * layer whose weights are all in memory. */
+	uint64_t t = now_ns();
+
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		uint64_t t1;
+
 		layer_forward(c, l, nb);
+		t1 = now_ns();
+		c->layer_ns[l] = t1 - t;
+		t = t1;
+	}
 	if (!logits) {
 		c->n_past += nb;
 		return;

@@ -351,6 +351,7 @@ struct session {
 	/* decode passes not yet reported to the pager (session_decode) */
 	uint32_t pass_tokens;
 	double pass_s, pass_since;
+	uint64_t *pass_layer_ns; /* [n_layer] */
 };
 
 /*
@@ -426,11 +427,15 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 		msg("%s: cannot talk to the pager", o->model);
 		return EXIT_BAD_INPUT;
 	}
+	/* without it the reports go on, without per-layer times */
+	if (s->pc && s->hp->n_layer <= PAGER_PASS_MAX_LAYERS)
+		s->pass_layer_ns = calloc(s->hp->n_layer, sizeof(*s->pass_layer_ns));
 	return 0;
 }
 
 static void session_close(struct session *s)
 {
+	free(s->pass_layer_ns);
 	eng_ctx_destroy(s->ctx);
 	eng_model_destroy(s->model);
 	if (s->pc)
@@ -471,16 +476,24 @@ static int session_decode(struct session *s, const int32_t *ids, size_t n, float
 		return rc;
 	double t1 = now_s();
 
+	const uint64_t *layer = eng_ctx_layer_ns(s->ctx);
+	uint32_t L = s->pass_layer_ns ? s->hp->n_layer : 0;
+
 	if (!s->pass_tokens)
 		s->pass_since = t0;
 	s->pass_tokens++;
 	s->pass_s += t1 - t0;
+	for (uint32_t l = 0; l < L; l++)
+		s->pass_layer_ns[l] += layer[l];
 	if (t1 - s->pass_since >= 0.1) {
 		/* a full socket is a daemon that is not reading: the watchdog
 		 * notices it going away; a lost report only delays learning */
-		pager_client_report(s->pc, s->pass_tokens, (uint64_t)(s->pass_s * 1e9));
+		pager_client_report(s->pc, s->pass_tokens, (uint64_t)(s->pass_s * 1e9),
+				    s->pass_layer_ns, L);
 		s->pass_tokens = 0;
 		s->pass_s = 0;
+		if (L)
+			memset(s->pass_layer_ns, 0, L * sizeof(*s->pass_layer_ns));
 	}
 	return 0;
 }

@@ -498,13 +498,22 @@ int pager_client_declare(struct pager_client *c, uint64_t bytes)
 	return proto_send(c->sock, PROTO_DECLARE, p, sizeof(p), -1);
 }
 
-int pager_client_report(struct pager_client *c, uint32_t tokens, uint64_t wall_ns)
+int pager_client_report(struct pager_client *c, uint32_t tokens, uint64_t wall_ns,
+			const uint64_t *layer_ns, uint32_t n_layers)
 {
-	uint8_t p[PROTO_PASS_SIZE] = { 0 };
+	uint8_t p[PROTO_PASS_FIXED + 4 * PAGER_PASS_MAX_LAYERS];
 
+	if (n_layers > PAGER_PASS_MAX_LAYERS)
+		n_layers = 0;
 	proto_put_u32(p, tokens);
+	proto_put_u32(p + 4, n_layers);
 	proto_put_u64(p + 8, wall_ns);
-	return proto_send(c->sock, PROTO_PASS, p, sizeof(p), -1);
+	for (uint32_t l = 0; l < n_layers; l++) {
+		uint64_t us = layer_ns[l] / 1000;
+
+		proto_put_u32(p + PROTO_PASS_FIXED + 4 * l, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us);
+	}
+	return proto_send(c->sock, PROTO_PASS, p, PROTO_PASS_FIXED + 4 * n_layers, -1);
 }
 
 void pager_client_close(struct pager_client *c)

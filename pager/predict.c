@@ -4,9 +4,14 @@
  *
  *   tok/s(n) = 1 / max(C, S(n) / B)
  *
- *   C     the engine's compute time a token: the wall time of its decode
+ *   C(n)  the engine's compute time a token: the wall time of its decode
  *         passes (PASS messages) less the time it waited on faults in them
- *         (the daemon times every fault it resolves);
+ *         (the daemon times every fault it resolves).  With the engine's
+ *         per-layer times it is outside + n * resident + (L - n) * streamed:
+ *         a resident layer's time, and a streamed one's beside its waits
+ *         (measured at once: streaming costs the engine's cores more than
+ *         its waits, so a model with one C learned while streaming
+ *         predicted full residency at half its speed);
  *   S(n)  the bytes a token streams with the first n layers of the spread
  *         order resident: the other layers' bytes;
  *   B     the read bandwidth streaming achieves: bytes read over the time
@@ -21,6 +26,7 @@
  * before an engine has decoded, there is no prediction (0).
  */
 #include "server_i.h"
+#include "proto_i.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -52,25 +58,64 @@ static double median(const double *v, unsigned n)
 	return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-/* Medians, not averages: an engine's first token (the model coming into
- * memory) or one disturbed by another program is an outlier to ignore. */
-void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns)
+/* Record x in ring v (the report's slot k) and return the median. */
+static double sample(double *v, unsigned k, unsigned reports, double x)
+{
+	v[k] = x;
+	return median(v, reports);
+}
+
+/*
+ * Medians, not averages: an engine's first token (the model coming into
+ * memory) or one disturbed by another program is an outlier to ignore.
+ * With per-layer times (layer_us, n_layers of them, little-endian u32), a
+ * token's compute splits into what a resident layer costs (its wall time:
+ * its pages are all mapped, it never waits), what a streamed layer costs
+ * beside its waits (its remapping, the tripwire faults' round trips, the
+ * reads' share of the cores), and what the rest of the pass costs.
+ */
+void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns,
+			const uint8_t *layer_us, uint32_t n_layers)
 {
 	struct model *m = c->m;
+	struct speed *sp = &m->speed;
 	uint64_t waited = c->wait_ns - c->wait_reported;
-	double compute;
-	unsigned k;
+	unsigned L = m->lay->n_layers, k, n_res = 0;
+	double compute, res = 0, str = 0, all = 0;
 
 	c->wait_reported = c->wait_ns;
 	if (!tokens || wall_ns == 0 || wall_ns > 3600ull * 1000000000)
 		return;
 	compute = waited < wall_ns ? (double)(wall_ns - waited) : 0;
-	k = m->speed.reports++ % SPEED_SAMPLES;
-	m->speed.wall[k] = (double)wall_ns / tokens;
-	m->speed.compute[k] = compute / tokens;
-	m->speed.wall_ns = median(m->speed.wall, m->speed.reports);
-	m->speed.compute_ns = median(m->speed.compute, m->speed.reports);
-	m->speed.tokens += tokens;
+	k = sp->reports++ % SPEED_SAMPLES;
+	sp->wall_ns = sample(sp->wall, k, sp->reports, (double)wall_ns / tokens);
+	sp->compute_ns = sample(sp->compute, k, sp->reports, compute / tokens);
+	sp->tokens += tokens;
+	if (n_layers != L || !L)
+		return;
+	for (unsigned l = 0; l < L; l++) {
+		double t = proto_get_u32(layer_us + 4 * l) * 1e3 / tokens;
+
+		all += t;
+		if (m->us[l + 1].resident && m->us[l + 1].state == U_LOADED) {
+			res += t;
+			n_res++;
+		} else {
+			str += t;
+		}
+	}
+	/* waits are the streamed layers' (and a row of the embedding's) */
+	str = str * tokens > (double)waited ? str - (double)waited / tokens : 0;
+	sp->layers++;
+	sp->outside_ns = sample(sp->outside, k, sp->layers, (double)wall_ns / tokens - all);
+	if (n_res) {
+		k = sp->n_res++ % SPEED_SAMPLES;
+		sp->resident_ns = sample(sp->resident, k, sp->n_res, res / n_res);
+	}
+	if (n_res < L) {
+		k = sp->n_str++ % SPEED_SAMPLES;
+		sp->streamed_ns = sample(sp->streamed, k, sp->n_str, str / (L - n_res));
+	}
 }
 
 void pager_predict_tick(struct pager *p)
@@ -93,12 +138,33 @@ double pager_predict_gbps(const struct pager *p)
 	return p->stream.gbps > 0 ? p->stream.gbps : p->io_params.gbps;
 }
 
+/* A token's compute with n layers resident: from the per-layer times when
+ * there are some (a streamed layer costs at least what a resident one
+ * does), else what the engines measured at the plan they ran. */
+static double compute_ns(const struct model *m, unsigned n)
+{
+	const struct speed *sp = &m->speed;
+	unsigned L = m->lay->n_layers;
+	double res = sp->resident_ns, str = sp->streamed_ns;
+
+	if (!sp->n_res && !sp->n_str)
+		return sp->compute_ns;
+	if (!sp->n_res)
+		res = str;
+	if (!sp->n_str || str < res)
+		str = res;
+	return (sp->outside_ns > 0 ? sp->outside_ns : 0) + n * res + (L - n) * str;
+}
+
 double pager_predict_tps(const struct model *m, unsigned n)
 {
-	double gbps = pager_predict_gbps(m->p), t = m->speed.compute_ns;
+	double gbps = pager_predict_gbps(m->p), t;
 	uint64_t streamed = 0;
 
-	if (m->speed.tokens == 0 || t <= 0)
+	if (m->speed.tokens == 0)
+		return 0;
+	t = compute_ns(m, n);
+	if (t <= 0)
 		return 0;
 	for (unsigned l = 0; l < m->lay->n_layers; l++)
 		if (m->rank[l] >= n)

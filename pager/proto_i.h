@@ -142,11 +142,12 @@ enum proto_role {
  *    0  8 declared_bytes  replaces the value from HELLO */
 #define PROTO_DECLARE_SIZE 8
 
-/* PASS payload (16 bytes):
+/* PASS payload (16 + 4 * n_layers bytes):
  *    0  4 tokens     decode tokens computed (one a pass)
- *    4  4 reserved   0
- *    8  8 wall_ns    the passes' wall time, waiting on faults included */
-#define PROTO_PASS_SIZE 16
+ *    4  4 n_layers   0, or the model's layer count
+ *    8  8 wall_ns    the passes' wall time, waiting on faults included
+ *   16  4 each       per layer, its time in those passes, microseconds */
+#define PROTO_PASS_FIXED 16
 
 /* ERROR payload (>= 4 bytes):
  *    0  4 errno   positive errno value

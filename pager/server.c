@@ -303,7 +303,10 @@ static void on_status_req(struct client *c, const uint8_t *pl, uint32_t len)
 
 static void on_sock(struct client *c)
 {
+	/* the largest message a client sends: HELLO with a name, or PASS */
 	uint8_t buf[PROTO_HDR_SIZE + PROTO_MAX_NAME + 64];
+	_Static_assert(PROTO_PASS_FIXED + 4 * PAGER_PASS_MAX_LAYERS <= PROTO_MAX_NAME + 64,
+		       "a PASS fits the receive buffer");
 	union {
 		struct cmsghdr h;
 		char b[CMSG_SPACE(sizeof(int) * 4)];
@@ -386,9 +389,12 @@ static void on_sock(struct client *c)
 	case C_ACTIVE:
 		if (type == PROTO_DECLARE && len == PROTO_DECLARE_SIZE) {
 			pager_declare(c, proto_get_u64(buf + PROTO_HDR_SIZE));
-		} else if (type == PROTO_PASS && len == PROTO_PASS_SIZE) {
-			pager_predict_pass(c, proto_get_u32(buf + PROTO_HDR_SIZE),
-					   proto_get_u64(buf + PROTO_HDR_SIZE + 8));
+		} else if (type == PROTO_PASS && len >= PROTO_PASS_FIXED &&
+			   len == PROTO_PASS_FIXED + 4 * (uint64_t)proto_get_u32(buf + PROTO_HDR_SIZE + 4)) {
+			const uint8_t *pl = buf + PROTO_HDR_SIZE;
+
+			pager_predict_pass(c, proto_get_u32(pl), proto_get_u64(pl + 8),
+					   pl + PROTO_PASS_FIXED, proto_get_u32(pl + 4));
 		} else if (type == PROTO_REMAPPED && len == PROTO_REMAPPED_SIZE) {
 			pager_on_remapped(c, proto_get_u32(buf + PROTO_HDR_SIZE));
 		} else {

@@ -87,6 +87,21 @@ struct waiter {
 	uint64_t since_ns;
 };
 
+/* What a model's engines' decode passes took (predict.c): per token, in the
+ * last reports (rings) and their medians. */
+#define SPEED_SAMPLES 16
+struct speed {
+	double wall[SPEED_SAMPLES], compute[SPEED_SAMPLES];
+	unsigned reports;
+	double wall_ns, compute_ns;  /* wall time, and it less the waits */
+	uint64_t tokens;
+	/* from the per-layer times: outside the layers, a resident layer, a
+	 * streamed layer beside its waits */
+	double outside[SPEED_SAMPLES], resident[SPEED_SAMPLES], streamed[SPEED_SAMPLES];
+	unsigned layers, n_res, n_str;
+	double outside_ns, resident_ns, streamed_ns;
+};
+
 struct model {
 	struct pager *p;
 	unsigned idx;
@@ -127,16 +142,7 @@ struct model {
 	bool *slot_touched;      /* its pages exist (held from then on) */
 	uint64_t slot_bytes;     /* bytes of touched slots */
 	uint64_t slot_loads;     /* loads into a slot */
-	/* What its engines' decode passes took (predict.c): a token's wall
-	 * time and that less the waits on faults, in the last reports, and
-	 * their medians. */
-	struct {
-#define SPEED_SAMPLES 16
-		double wall[SPEED_SAMPLES], compute[SPEED_SAMPLES];
-		unsigned reports;
-		double wall_ns, compute_ns;
-		uint64_t tokens;
-	} speed;
+	struct speed speed;      /* what its engines' decode passes took */
 };
 
 /* What a client maps at a slotted unit's range. */
@@ -306,8 +312,11 @@ void pager_pressure_released(struct pager *p, uint64_t bytes);
 double pager_pressure_release_ms(const struct pager *p);
 
 /* predict.c: decode speed for any number of resident layers */
-/* A PASS from client c: `tokens` decode passes took wall_ns. */
-void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns);
+/* A PASS from client c: `tokens` decode passes took wall_ns, and each of
+ * the n_layers layers (0, or the model's count) layer_us[l] microseconds
+ * (little-endian u32s, as on the wire). */
+void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns,
+			const uint8_t *layer_us, uint32_t n_layers);
 /* Once a second: the bandwidth streaming achieved. */
 void pager_predict_tick(struct pager *p);
 /* The bandwidth the predictor uses, GB/s (0: unknown). */
