@@ -96,9 +96,11 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 void eng_ctx_destroy(struct eng_ctx *c);
 /* Bytes of memory the context allocated (KV cache and buffers). */
 uint64_t eng_ctx_bytes(const struct eng_ctx *c);
-/* Each layer's wall time in the last forward pass, ns ([n_layer]; waits
- * for the layer's pages included). */
+/* The calling thread's CPU time in each layer in the last forward pass, ns
+ * ([n_layer]; not the time it slept on a page fault or lost to other
+ * programs), and in the rest of that pass (the output matrix). */
 const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c);
+uint64_t eng_ctx_outside_ns(const struct eng_ctx *c);
 uint32_t eng_ctx_n_ctx(const struct eng_ctx *c);
 uint32_t eng_ctx_n_past(const struct eng_ctx *c);
 void eng_ctx_reset(struct eng_ctx *c);

@@ -90,7 +90,8 @@ struct eng_ctx {
 	uint8_t *qact;               /* quantized activations, [n_batch] rows
 				      * (each with its pack8 copy beside it) */
 	size_t qact_stride;
-	uint64_t *layer_ns;          /* [n_layer] each layer's time in the last pass */
+	uint64_t *layer_ns;          /* [n_layer] each layer's CPU time in the last pass */
+	uint64_t outside_ns;         /* the rest of its CPU time (output, logits) */
 	uint64_t bytes;
 };
 
@@ -590,6 +591,11 @@ const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c)
 	return c->layer_ns;
 }
 
+uint64_t eng_ctx_outside_ns(const struct eng_ctx *c)
+{
+	return c->outside_ns;
+}
+
 uint32_t eng_ctx_n_ctx(const struct eng_ctx *c)
 {
 	return c->n_ctx;
@@ -956,11 +962,13 @@ static void layer_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		c->x[i] += c->xb[i];
 }
 
-static uint64_t now_ns(void)
+/* This thread's CPU time: what a layer costs it, whatever else ran on its
+ * core meanwhile or how long it slept on a page fault. */
+static uint64_t cpu_ns(void)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
@@ -977,20 +985,22 @@ static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, ui
 		c->k->to_float[m->tok_embd.type](m->tok_embd.data +
 							 (size_t)tok[b] * m->tok_embd.row_bytes,
 						 c->x + (size_t)b * E, E);
-	/* Each layer timed (a clock read costs ~20 ns; a layer, milliseconds):
-	 * the pager's speed predictor learns from it what compute costs in a
-	 * layer whose weights are all in memory. */
-	uint64_t t = now_ns();
+	/* Each layer's CPU time on this thread (a clock read costs well under
+	 * a microsecond; a layer, milliseconds), and the rest of the pass's:
+	 * the pager's speed predictor learns from them what compute costs
+	 * with nothing streaming. */
+	uint64_t t0 = cpu_ns(), t = t0;
 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		uint64_t t1;
 
 		layer_forward(c, l, nb);
-		t1 = now_ns();
+		t1 = cpu_ns();
 		c->layer_ns[l] = t1 - t;
 		t = t1;
 	}
 	if (!logits) {
+		c->outside_ns = 0;
 		c->n_past += nb;
 		return;
 	}
@@ -1000,6 +1010,7 @@ static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, ui
 	matmul1(c, &m->output, c->logits, c->xb, n_out);
 	memcpy(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
 	c->n_past += nb;
+	c->outside_ns = cpu_ns() - t;
 }
 
 int eng_decode(struct eng_ctx *c, const int32_t *tokens, size_t n, float *logits,

@@ -352,6 +352,7 @@ struct session {
 	uint32_t pass_tokens;
 	double pass_s, pass_since;
 	uint64_t *pass_layer_ns; /* [n_layer] */
+	uint64_t pass_outside_ns;
 };
 
 /*
@@ -485,13 +486,15 @@ static int session_decode(struct session *s, const int32_t *ids, size_t n, float
 	s->pass_s += t1 - t0;
 	for (uint32_t l = 0; l < L; l++)
 		s->pass_layer_ns[l] += layer[l];
+	s->pass_outside_ns += eng_ctx_outside_ns(s->ctx);
 	if (t1 - s->pass_since >= 0.1) {
 		/* a full socket is a daemon that is not reading: the watchdog
 		 * notices it going away; a lost report only delays learning */
 		pager_client_report(s->pc, s->pass_tokens, (uint64_t)(s->pass_s * 1e9),
-				    s->pass_layer_ns, L);
+				    s->pass_outside_ns, s->pass_layer_ns, L);
 		s->pass_tokens = 0;
 		s->pass_s = 0;
+		s->pass_outside_ns = 0;
 		if (L)
 			memset(s->pass_layer_ns, 0, L * sizeof(*s->pass_layer_ns));
 	}

@@ -498,21 +498,24 @@ int pager_client_declare(struct pager_client *c, uint64_t bytes)
 	return proto_send(c->sock, PROTO_DECLARE, p, sizeof(p), -1);
 }
 
-int pager_client_report(struct pager_client *c, uint32_t tokens, uint64_t wall_ns,
-			const uint64_t *layer_ns, uint32_t n_layers)
+static uint32_t to_us(uint64_t ns)
 {
-	uint8_t p[PROTO_PASS_FIXED + 4 * PAGER_PASS_MAX_LAYERS];
+	return ns / 1000 > UINT32_MAX ? UINT32_MAX : (uint32_t)(ns / 1000);
+}
+
+int pager_client_report(struct pager_client *c, uint32_t tokens, uint64_t wall_ns,
+			uint64_t outside_ns, const uint64_t *layer_ns, uint32_t n_layers)
+{
+	uint8_t p[PROTO_PASS_FIXED + 4 * PAGER_PASS_MAX_LAYERS] = { 0 };
 
 	if (n_layers > PAGER_PASS_MAX_LAYERS)
 		n_layers = 0;
 	proto_put_u32(p, tokens);
 	proto_put_u32(p + 4, n_layers);
 	proto_put_u64(p + 8, wall_ns);
-	for (uint32_t l = 0; l < n_layers; l++) {
-		uint64_t us = layer_ns[l] / 1000;
-
-		proto_put_u32(p + PROTO_PASS_FIXED + 4 * l, us > UINT32_MAX ? UINT32_MAX : (uint32_t)us);
-	}
+	proto_put_u32(p + 16, to_us(outside_ns));
+	for (uint32_t l = 0; l < n_layers; l++)
+		proto_put_u32(p + PROTO_PASS_FIXED + 4 * l, to_us(layer_ns[l]));
 	return proto_send(c->sock, PROTO_PASS, p, PROTO_PASS_FIXED + 4 * n_layers, -1);
 }
 

@@ -103,13 +103,14 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
  * KV cache and buffers), once it knows; the daemon re-plans residency. */
 int pager_client_declare(struct pager_client *c, uint64_t bytes);
 /* Tell the daemon `tokens` decode passes took wall_ns (faults included),
- * and each of the n_layers layers layer_ns of it (n_layers 0: not known;
- * at most PAGER_PASS_MAX_LAYERS): its speed predictor learns the engine's
+ * of which the engine's CPU time was outside_ns outside the layers and
+ * layer_ns[l] in each of the n_layers layers (n_layers 0: not known; at
+ * most PAGER_PASS_MAX_LAYERS): its speed predictor learns the engine's
  * compute time from it.  Send at most about ten a second (sum the passes in
  * between).  0 or -EIO. */
-#define PAGER_PASS_MAX_LAYERS 1024
+#define PAGER_PASS_MAX_LAYERS 1000
 int pager_client_report(struct pager_client *c, uint32_t tokens, uint64_t wall_ns,
-			const uint64_t *layer_ns, uint32_t n_layers);
+			uint64_t outside_ns, const uint64_t *layer_ns, uint32_t n_layers);
 /* Unmap and disconnect (the watchdog stops first, so this is not "lost"). */
 void pager_client_close(struct pager_client *c);
 

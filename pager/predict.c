@@ -7,11 +7,9 @@
  *   C(n)  the engine's compute time a token: the wall time of its decode
  *         passes (PASS messages) less the time it waited on faults in them
  *         (the daemon times every fault it resolves).  With the engine's
- *         per-layer times it is outside + n * resident + (L - n) * streamed:
- *         a resident layer's time, and a streamed one's beside its waits
- *         (measured at once: streaming costs the engine's cores more than
- *         its waits, so a model with one C learned while streaming
- *         predicted full residency at half its speed);
+ *         per-layer CPU times it is outside + n * resident + (L - n) *
+ *         streamed: a resident layer's CPU time, and a streamed layer's
+ *         share of the rest (pager_predict_pass);
  *   S(n)  the bytes a token streams with the first n layers of the spread
  *         order resident: the other layers' bytes;
  *   B     the read bandwidth streaming achieves: bytes read over the time
@@ -68,53 +66,52 @@ static double sample(double *v, unsigned k, unsigned reports, double x)
 /*
  * Medians, not averages: an engine's first token (the model coming into
  * memory) or one disturbed by another program is an outlier to ignore.
- * With per-layer times (layer_us, n_layers of them, little-endian u32), a
- * token's compute splits into what a resident layer costs (its wall time:
- * its pages are all mapped, it never waits), what a streamed layer costs
- * beside its waits (its remapping, the tripwire faults' round trips, the
- * reads' share of the cores), and what the rest of the pass costs.
+ * With per-layer times (the engine thread's CPU time in each layer), a
+ * token's compute C (wall less waits) splits into: the pass outside the
+ * layers, a resident layer (its CPU time: what it costs with nothing
+ * streaming), and a streamed layer, which gets the rest.  The rest is
+ * what streaming costs the engine beside its waits: the remapping, the
+ * tripwire faults' round trips, and the cores the reads take from it while
+ * it computes the resident layers too, so it scales with the layers that
+ * stream.
  */
 void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns,
-			const uint8_t *layer_us, uint32_t n_layers)
+			uint32_t outside_us, const uint8_t *layer_us, uint32_t n_layers)
 {
 	struct model *m = c->m;
 	struct speed *sp = &m->speed;
 	uint64_t waited = c->wait_ns - c->wait_reported;
 	unsigned L = m->lay->n_layers, k, n_res = 0;
-	double compute, res = 0, str = 0, all = 0;
+	double compute, res = 0, outside;
 
 	c->wait_reported = c->wait_ns;
 	if (!tokens || wall_ns == 0 || wall_ns > 3600ull * 1000000000)
 		return;
-	compute = waited < wall_ns ? (double)(wall_ns - waited) : 0;
+	compute = waited < wall_ns ? (double)(wall_ns - waited) / tokens : 0;
 	k = sp->reports++ % SPEED_SAMPLES;
 	sp->wall_ns = sample(sp->wall, k, sp->reports, (double)wall_ns / tokens);
-	sp->compute_ns = sample(sp->compute, k, sp->reports, compute / tokens);
+	sp->compute_ns = sample(sp->compute, k, sp->reports, compute);
 	sp->tokens += tokens;
 	if (n_layers != L || !L)
 		return;
-	for (unsigned l = 0; l < L; l++) {
-		double t = proto_get_u32(layer_us + 4 * l) * 1e3 / tokens;
-
-		all += t;
+	for (unsigned l = 0; l < L; l++)
 		if (m->us[l + 1].resident && m->us[l + 1].state == U_LOADED) {
-			res += t;
+			res += proto_get_u32(layer_us + 4 * l) * 1e3 / tokens;
 			n_res++;
-		} else {
-			str += t;
 		}
-	}
-	/* waits are the streamed layers' (and a row of the embedding's) */
-	str = str * tokens > (double)waited ? str - (double)waited / tokens : 0;
-	sp->layers++;
-	sp->outside_ns = sample(sp->outside, k, sp->layers, (double)wall_ns / tokens - all);
-	if (n_res) {
-		k = sp->n_res++ % SPEED_SAMPLES;
-		sp->resident_ns = sample(sp->resident, k, sp->n_res, res / n_res);
-	}
+	outside = outside_us * 1e3 / tokens;
+	k = sp->layers++ % SPEED_SAMPLES;
+	sp->outside_ns = sample(sp->outside, k, sp->layers, outside);
+	if (!n_res)
+		return;
+	res /= n_res;
+	k = sp->n_res++ % SPEED_SAMPLES;
+	sp->resident_ns = sample(sp->resident, k, sp->n_res, res);
 	if (n_res < L) {
+		double str = (compute - outside - n_res * res) / (L - n_res);
+
 		k = sp->n_str++ % SPEED_SAMPLES;
-		sp->streamed_ns = sample(sp->streamed, k, sp->n_str, str / (L - n_res));
+		sp->streamed_ns = sample(sp->streamed, k, sp->n_str, str > res ? str : res);
 	}
 }
 
@@ -147,13 +144,11 @@ static double compute_ns(const struct model *m, unsigned n)
 	unsigned L = m->lay->n_layers;
 	double res = sp->resident_ns, str = sp->streamed_ns;
 
-	if (!sp->n_res && !sp->n_str)
-		return sp->compute_ns;
 	if (!sp->n_res)
-		res = str;
+		return sp->compute_ns; /* nothing resident yet to learn from */
 	if (!sp->n_str || str < res)
 		str = res;
-	return (sp->outside_ns > 0 ? sp->outside_ns : 0) + n * res + (L - n) * str;
+	return sp->outside_ns + n * res + (L - n) * str;
 }
 
 double pager_predict_tps(const struct model *m, unsigned n)

@@ -142,12 +142,14 @@ enum proto_role {
  *    0  8 declared_bytes  replaces the value from HELLO */
 #define PROTO_DECLARE_SIZE 8
 
-/* PASS payload (16 + 4 * n_layers bytes):
- *    0  4 tokens     decode tokens computed (one a pass)
- *    4  4 n_layers   0, or the model's layer count
- *    8  8 wall_ns    the passes' wall time, waiting on faults included
- *   16  4 each       per layer, its time in those passes, microseconds */
-#define PROTO_PASS_FIXED 16
+/* PASS payload (24 + 4 * n_layers bytes):
+ *    0  4 tokens      decode tokens computed (one a pass)
+ *    4  4 n_layers    0, or the model's layer count
+ *    8  8 wall_ns     the passes' wall time, waiting on faults included
+ *   16  4 outside_us  the engine's CPU time in them outside the layers
+ *   20  4 reserved    0
+ *   24  4 each        per layer, the engine's CPU time in it, microseconds */
+#define PROTO_PASS_FIXED 24
 
 /* ERROR payload (>= 4 bytes):
  *    0  4 errno   positive errno value

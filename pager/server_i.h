@@ -95,8 +95,8 @@ struct speed {
 	unsigned reports;
 	double wall_ns, compute_ns;  /* wall time, and it less the waits */
 	uint64_t tokens;
-	/* from the per-layer times: outside the layers, a resident layer, a
-	 * streamed layer beside its waits */
+	/* from the per-layer times: outside the layers, a resident layer
+	 * (its CPU time), a streamed layer (the rest of the compute) */
 	double outside[SPEED_SAMPLES], resident[SPEED_SAMPLES], streamed[SPEED_SAMPLES];
 	unsigned layers, n_res, n_str;
 	double outside_ns, resident_ns, streamed_ns;
@@ -312,11 +312,12 @@ void pager_pressure_released(struct pager *p, uint64_t bytes);
 double pager_pressure_release_ms(const struct pager *p);
 
 /* predict.c: decode speed for any number of resident layers */
-/* A PASS from client c: `tokens` decode passes took wall_ns, and each of
- * the n_layers layers (0, or the model's count) layer_us[l] microseconds
- * (little-endian u32s, as on the wire). */
+/* A PASS from client c: `tokens` decode passes took wall_ns, the engine's
+ * CPU time outside the layers outside_us and in each of the n_layers
+ * layers (0, or the model's count) layer_us[l] microseconds (little-endian
+ * u32s, as on the wire). */
 void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns,
-			const uint8_t *layer_us, uint32_t n_layers);
+			uint32_t outside_us, const uint8_t *layer_us, uint32_t n_layers);
 /* Once a second: the bandwidth streaming achieved. */
 void pager_predict_tick(struct pager *p);
 /* The bandwidth the predictor uses, GB/s (0: unknown). */

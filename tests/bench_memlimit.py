@@ -22,16 +22,12 @@ the v1 memory controller; skips (77) otherwise.
 """
 import json, os, shutil, signal, subprocess, sys, tempfile, time
 
-CG_ROOT = "/sys/fs/cgroup/memory"
+from cgroup_util import CG_ROOT, need_memory_cgroup
+
 MiB = 1 << 20
 NEEDS = 32 * MiB
 
-if os.geteuid() != 0:
-    print("SKIP: needs root to create a memory cgroup")
-    sys.exit(77)
-if not os.path.exists(os.path.join(CG_ROOT, "cgroup.procs")):
-    print(f"SKIP: no cgroup v1 memory controller at {CG_ROOT}")
-    sys.exit(77)
+need_memory_cgroup()
 
 BUILD = os.environ["STRATA_BUILD"]
 STRATA = os.environ["STRATA_BIN"]

@@ -18,17 +18,13 @@ The same check on an 8B-shaped model is a benchmark: tools/bench-pager.sh.
 """
 import json, os, signal, subprocess, sys, tempfile, time
 
+from cgroup_util import CG_ROOT, need_memory_cgroup
+
 BUILD = os.environ["STRATA_BUILD"]
-CG_ROOT = "/sys/fs/cgroup/memory"
 ENGINE = 64 << 20
 OVERHEAD = 48 << 20
 
-if os.geteuid() != 0:
-    print("SKIP: needs root to create a memory cgroup")
-    sys.exit(77)
-if not os.path.exists(os.path.join(CG_ROOT, "cgroup.procs")):
-    print(f"SKIP: no cgroup v1 memory controller at {CG_ROOT}")
-    sys.exit(77)
+need_memory_cgroup()
 
 STRATA = os.path.join(BUILD, "strata")
 STRATAD = os.path.join(BUILD, "daemon", "stratad")

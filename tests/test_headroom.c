@@ -13,6 +13,7 @@
  *
  * Exits 1 on any failure.
  */
+#include "check.h"
 #include "hwbench.h"
 
 #include <errno.h>
@@ -27,18 +28,6 @@
 
 #define MiB (1ull << 20)
 #define NONE UINT64_MAX
-
-static int failures;
-
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);       \
-			printf(__VA_ARGS__);                              \
-			printf("\n");                                     \
-			failures++;                                       \
-		}                                                         \
-	} while (0)
 
 static char root[PATH_MAX];
 

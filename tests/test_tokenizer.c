@@ -18,6 +18,7 @@
  *
  * Exits 77 when the fixtures are not there, 1 on any failure.
  */
+#include "check.h"
 #include "gguf.h"
 #include "tokenizer.h"
 
@@ -31,18 +32,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static int failures;
-
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			printf("FAIL %s:%d: ", __FILE__, __LINE__);       \
-			printf(__VA_ARGS__);                              \
-			printf("\n");                                     \
-			failures++;                                       \
-		}                                                         \
-	} while (0)
 
 static double now_ms(void)
 {
