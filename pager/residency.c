@@ -154,7 +154,14 @@ static void release(struct model *m, unsigned u)
 			run.len += own.len;
 			continue;
 		}
-		if (run.len) {
+		if (run.len && m->us[u].shed_pending) {
+			/* Memory pressure: free it now, on this thread, rather
+			 * than behind the reads queued on the ring. */
+			if (fallocate(m->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				      (off_t)run.off, (off_t)run.len))
+				pager_log_errno(PAGER_LOG_ERR, errno, "%s: evicting layer %d", m->name,
+						un->layer);
+		} else if (run.len) {
 			tag = malloc(sizeof(*tag));
 			if (!tag || pio_punch(m->p->io, m->memfd, run.off, run.len, tag)) {
 				free(tag);

@@ -19,6 +19,9 @@ that only allocated would be OOM-killed without ever causing a stall.
 Per model, in each repetition:
   stream    stratad --resident 0, no hog: full streaming, the speed that
             pressure must never push decoding below;
+  stream-hog  the same with the hog beside it: full streaming on cores the
+            hog shares (its loop takes one), the fair floor for the runs
+            below;
   on        the hog, the daemon's pressure response on (the default);
   off       the hog, stratad --no-pressure;
   plain     (only when asked for with --runs) the default daemon, no hog:
@@ -54,8 +57,8 @@ ap.add_argument("--tokens", type=int, default=30)
 ap.add_argument("--hog", default="3584M", help="anonymous memory the hog grows to")
 ap.add_argument("--working-set", default="1G", help="file the hog keeps re-reading")
 ap.add_argument("--reps", type=int, default=1)
-ap.add_argument("--runs", default="stream,on,off", help="which of stream, on, off, plain "
-                "to run")
+ap.add_argument("--runs", default="stream,stream-hog,on,off", help="which of stream, "
+                "stream-hog, on, off, plain to run")
 ap.add_argument("--hog-child", nargs=3, help=argparse.SUPPRESS)
 a = ap.parse_args()
 
@@ -118,6 +121,9 @@ def trace_of(path):
         return []
 
 
+HOG_RUNS = ("stream-hog", "on", "off")
+
+
 def run(model, kind):
     """One run in a fresh cgroup: kind is stream, on or off."""
     subprocess.run(["sync"])
@@ -130,7 +136,8 @@ def run(model, kind):
     for p in (trace, stop, sock):
         if os.path.exists(p):
             os.unlink(p)
-    args = {"stream": ["--resident", "0"], "on": [], "off": ["--no-pressure"], "plain": []}[kind]
+    args = {"stream": ["--resident", "0"], "stream-hog": ["--resident", "0"], "on": [],
+            "off": ["--no-pressure"], "plain": []}[kind]
     log = open(os.path.join(tmp, f"stratad-{kind}.log"), "w")
     d = subprocess.Popen([STRATAD, "--socket", sock, *args, model], preexec_fn=into_cgroup,
                          stderr=log)
@@ -148,7 +155,7 @@ def run(model, kind):
                              stderr=subprocess.PIPE, text=True)
         hog_t = None
         while e.poll() is None:
-            if kind in ("on", "off") and hogp is None and len(trace_of(trace)) >= 3:
+            if kind in HOG_RUNS and hogp is None and len(trace_of(trace)) >= 3:
                 hogp = subprocess.Popen([sys.executable, __file__, "--model", model,
                                          "--hog-child", str(anon_max), ws_path, stop],
                                         preexec_fn=into_cgroup)
@@ -209,7 +216,7 @@ finally:
     subprocess.run(["mv", tmp, logs])
     print(f"daemon logs: {logs}", file=sys.stderr)
 
-hog_runs = {"on", "off"} & set(a.runs.split(","))
+hog_runs = set(HOG_RUNS) & set(a.runs.split(","))
 print(f"Memory cgroup limit {limit >> 20} MiB (daemon, engine" +
       (" and hog" if hog_runs else "") + f" inside; no swap); {a.tokens} decoded tokens" +
       (f"; the hog grows to {anon_max >> 20} MiB of anonymous memory and re-reads a "
