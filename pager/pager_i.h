@@ -54,5 +54,9 @@ bool pager_unit_has_page(const struct pager_unit *u, uint64_t off);
 
 /* util.c: CLOCK_MONOTONIC in nanoseconds */
 uint64_t pager_now_ns(void);
+/* util.c: the median of v[0..n) (v unchanged; at most PAGER_MEDIAN_MAX
+ * values are looked at), 0 for none: of the last few samples in a ring. */
+#define PAGER_MEDIAN_MAX 64
+double pager_median(const double *v, unsigned n);
 
 #endif

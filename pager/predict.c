@@ -20,14 +20,12 @@
  * of its compute and its reads, not their sum.  C is the median of the last
  * reports (an engine's first token, the model coming into memory, is an
  * outlier), B a running average (weight 1/4 for the newest), so the
- * prediction follows a machine whose storage or CPU gets busier.  Nothing here is a constant of this machine:
- * before an engine has decoded, there is no prediction (0).
+ * prediction follows a machine whose storage or CPU gets busier.  Nothing
+ * here is a constant of this machine: before an engine has decoded, there
+ * is no prediction (0).
  */
 #include "server_i.h"
 #include "proto_i.h"
-
-#include <stdlib.h>
-#include <string.h>
 
 #define NEW_WEIGHT 0.25
 #define MIN_BUSY_NS 50000000ull /* a second with this much reading counts */
@@ -37,30 +35,12 @@ static double blend(double avg, double x)
 	return avg > 0 ? avg + NEW_WEIGHT * (x - avg) : x;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* The median of the last reports' values (v: a ring of SPEED_SAMPLES). */
-static double median(const double *v, unsigned n)
-{
-	double s[SPEED_SAMPLES];
-
-	if (n > SPEED_SAMPLES)
-		n = SPEED_SAMPLES;
-	memcpy(s, v, n * sizeof(*s));
-	qsort(s, n, sizeof(*s), cmp_double);
-	return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-}
-
-/* Record x in ring v (the report's slot k) and return the median. */
+/* Record x in ring v (the report's slot k) and return the median of the
+ * reports so far (at most SPEED_SAMPLES of them). */
 static double sample(double *v, unsigned k, unsigned reports, double x)
 {
 	v[k] = x;
-	return median(v, reports);
+	return pager_median(v, reports < SPEED_SAMPLES ? reports : SPEED_SAMPLES);
 }
 
 /*

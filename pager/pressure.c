@@ -29,8 +29,9 @@
  * reclaimable page cache counted free) sheds too, stalls or not.
  *
  * pager_on_tick runs four times a second (SIGALRM through the daemon's
- * signalfd) and does the shortage check, the judging, the restoring, the
- * automatic budget's following and the speed predictor's bandwidth sample.
+ * signalfd) and does the shortage check, the judging and the restoring;
+ * once a second also the automatic budget's following and the speed
+ * predictor's bandwidth sample.
  */
 #include "server_i.h"
 
@@ -105,8 +106,11 @@ static void shed(struct pager *p, const char *what)
 	struct pressure *ps = &p->pressure;
 
 	for (unsigned i = 0; i < p->n_models; i++) {
-		p->models[i].n_before_shed = p->models[i].n_resident;
-		p->models[i].shed += (p->models[i].n_resident + 3) / 4;
+		struct model *m = &p->models[i];
+
+		m->shed += (m->n_resident + 3) / 4;
+		for (unsigned u = 1; u < m->lay->n_units; u++)
+			m->us[u].shed_pending = m->us[u].resident; /* resident before */
 	}
 	pager_plan(p);
 	ps->release_left = 0;
@@ -114,12 +118,11 @@ static void shed(struct pager *p, const char *what)
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct model *m = &p->models[i];
 
-		for (unsigned l = 0; l < m->lay->n_layers; l++) {
-			struct ustat *us = &m->us[l + 1];
+		for (unsigned u = 1; u < m->lay->n_units; u++) {
+			struct ustat *us = &m->us[u];
 
 			/* demoted now, and in memory */
-			us->shed_pending = m->rank[l] >= m->n_resident &&
-					   m->rank[l] < m->n_before_shed && us->state != U_ABSENT;
+			us->shed_pending = us->shed_pending && !us->resident && us->state != U_ABSENT;
 			ps->release_left += us->shed_pending;
 		}
 	}
@@ -174,24 +177,12 @@ void pager_pressure_released(struct pager *p, uint64_t bytes)
 		  "the event", ps->release_bytes / 1048576.0, ms);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
 double pager_pressure_release_ms(const struct pager *p)
 {
 	const struct pressure *ps = &p->pressure;
-	unsigned n = ps->n_release < PRESSURE_LATENCIES ? ps->n_release : PRESSURE_LATENCIES;
-	double v[PRESSURE_LATENCIES];
 
-	if (!n)
-		return 0;
-	memcpy(v, ps->release_ms, n * sizeof(*v));
-	qsort(v, n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+	return pager_median(ps->release_ms, ps->n_release < PRESSURE_LATENCIES
+						    ? ps->n_release : PRESSURE_LATENCIES);
 }
 
 /* Memory free where the daemon's memory is charged (its cgroup, or the
@@ -266,14 +257,14 @@ void pager_on_restore(struct pager *p)
 	restore(p, true, "residency restored");
 }
 
-/* The stall rate over the last second or more; false if not due yet. */
-static bool sample_rate(struct pressure *ps, uint64_t now)
+/* The stall rate over the last second or more, when that is due. */
+static void sample_rate(struct pressure *ps, uint64_t now)
 {
 	uint64_t total = 0;
 
 	if (ps->fd < 0 || (ps->sample_ns && now - ps->sample_ns < 1000000000ull) ||
 	    stall_total(ps, &total))
-		return false;
+		return;
 	if (ps->sample_ns)
 		ps->rate = (double)(total - ps->sample_total) * 1e9 / (double)(now - ps->sample_ns);
 	ps->sample_ns = now;
@@ -282,7 +273,6 @@ static bool sample_rate(struct pressure *ps, uint64_t now)
 		ps->calm_since_ns = 0;
 	else if (!ps->calm_since_ns)
 		ps->calm_since_ns = now;
-	return true;
 }
 
 /* Judge the last shed by the rate since it settled: it helped if the
@@ -319,8 +309,11 @@ void pager_on_tick(struct pager *p)
 	uint64_t now = pager_now_ns(), free;
 	bool any_shed = false;
 
-	pager_budget_follow(p);
-	pager_predict_tick(p);
+	/* the budget and the bandwidth, once a second */
+	if (ps->ticks++ % (1000 / PAGER_TICK_MS) == 0) {
+		pager_budget_follow(p);
+		pager_predict_tick(p);
+	}
 	if (p->cfg.no_pressure)
 		return;
 	sample_rate(ps, now);

@@ -115,7 +115,6 @@ struct model {
 	unsigned *rank;          /* per layer: its place in the residency order */
 	unsigned n_resident;     /* layers planned resident: rank < n_resident */
 	unsigned shed;           /* layers demoted by memory pressure */
-	unsigned n_before_shed;  /* n_resident before the last shed (pressure.c) */
 	unsigned copies;         /* of the resident layers, as planned: 2 with
 				  * engines and the mount's readers at once */
 	uint64_t mem_bytes;      /* units loading or loaded */
@@ -213,6 +212,7 @@ struct pressure {
 	uint64_t judged_ns;        /* when the last shed was judged */
 	uint64_t paused_until_ns;  /* triggers ignored until then */
 	uint64_t calm_since_ns;    /* below the calm rate since; 0: not calm */
+	unsigned ticks;            /* pager_on_tick calls */
 	uint64_t sheds, helped, futile, ignored;
 	/* From a shed to its layers' memory being free (pager_pressure_released) */
 	uint64_t event_ns;         /* the shed waiting to be released; 0: none */
@@ -302,7 +302,7 @@ void pager_on_pressure(struct pager *p, const char *what, bool asked);
 /* SIGUSR2: every demoted layer back. */
 void pager_on_restore(struct pager *p);
 /* Every PAGER_TICK_MS: shed when memory runs short, judge the last shed,
- * restore when calm, follow the budget. */
+ * restore when calm; once a second, follow the budget. */
 #define PAGER_TICK_MS 250
 void pager_on_tick(struct pager *p);
 /* A layer a shed demoted has left memory (residency.c). */

@@ -133,3 +133,23 @@ uint64_t pager_now_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+double pager_median(const double *v, unsigned n)
+{
+	double s[PAGER_MEDIAN_MAX];
+
+	if (n > PAGER_MEDIAN_MAX)
+		n = PAGER_MEDIAN_MAX;
+	if (!n)
+		return 0;
+	memcpy(s, v, n * sizeof(*s));
+	qsort(s, n, sizeof(*s), cmp_double);
+	return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
