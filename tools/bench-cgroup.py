@@ -31,12 +31,10 @@ medians (decode tok/s, strata / llama.cpp), per-run values, the cgroup's
 peak usage and failcnt, and the storage bandwidth the daemon measured for
 the device.  Needs root (cgroup, drop_caches).
 """
-import argparse, json, os, signal, statistics, subprocess, sys, time
+import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-B = os.path.join(ROOT, "build")
-STRATA, STRATAD = os.path.join(B, "strata"), os.path.join(B, "daemon", "stratad")
-CTL = os.path.join(B, "tools", "stratactl")
+from benchlib import STRATA, STRATAD, drop_caches, size, start_daemon, status
+
 CG = "/sys/fs/cgroup/memory"
 
 ap = argparse.ArgumentParser()
@@ -55,20 +53,9 @@ a = ap.parse_args()
 a.fuse = a.fuse or a.only_fuse
 
 
-def size(s):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
-
-
 limit = size(a.limit)
 budget = size(a.budget) if a.budget else limit - (96 << 20)
 sock = f"/tmp/strata-bench-cg-{os.getpid()}.sock"
-
-
-def drop_caches():
-    subprocess.run(["sync"])
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
 
 
 class Cgroup:
@@ -91,18 +78,13 @@ class Cgroup:
         os.rmdir(self.path)
 
 
-def status():
-    r = subprocess.run([CTL, "--socket", sock, "status", "--json"], capture_output=True, text=True)
-    return json.loads(r.stdout) if r.returncode == 0 else None
-
-
 def run_strata(model, cg):
     win = ["--window", str(a.window)] if a.window else []
     d = subprocess.Popen([STRATAD, "--socket", sock, "--budget", str(budget), *win, model],
                          stderr=subprocess.PIPE, text=True, preexec_fn=cg.enter)
     end = time.monotonic() + 180
     while time.monotonic() < end:
-        st = status()
+        st = status(sock)
         if st:
             m = st["models"][0]
             if sum(l["state"] == "resident" for l in m["layers"]) == m["resident_layers_planned"]:
@@ -110,11 +92,11 @@ def run_strata(model, cg):
         if d.poll() is not None:
             sys.exit("stratad exited: " + d.stderr.read())
         time.sleep(0.05)  # polling a condition with a deadline
-    before = status()
+    before = status(sock)
     r = subprocess.run([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
                         str(a.tokens), "-c", "64", "-b", "32", "-t", str(a.threads), "--no-hw",
                         "--json"], capture_output=True, text=True, preexec_fn=cg.enter)
-    after = status()
+    after = status(sock)
     d.send_signal(signal.SIGTERM)
     d.wait(30)
     if r.returncode:
@@ -143,19 +125,22 @@ def run_fuse(model, cg):
     """llama.cpp in the cgroup, reading through the mount of a daemon outside it."""
     mnt = f"/tmp/strata-bench-cg-mnt-{os.getpid()}"
     os.makedirs(mnt, exist_ok=True)
-    d = subprocess.Popen([STRATAD, "--socket", sock, "--budget", a.fuse_budget, "--fuse", mnt,
-                          model], stderr=subprocess.PIPE, text=True)
+    # the daemon's log to a file: a pipe nobody reads while it runs would
+    # stop it at its 64 KiB of log
+    log = tempfile.TemporaryFile("w+")
+    d = None
     try:
-        end = time.monotonic() + 180
-        while time.monotonic() < end and not status():
-            if d.poll() is not None:
-                sys.exit("stratad exited: " + d.stderr.read())
-            time.sleep(0.05)  # polling the socket with a deadline
+        d = start_daemon(sock, ["--budget", a.fuse_budget, "--fuse", mnt, model], stderr=log,
+                         timeout=180)
         r = run_llama(os.path.join(mnt, os.path.basename(model)), cg)
-        st = status()
+        st = status(sock)
     finally:
-        d.send_signal(signal.SIGTERM)
-        err = d.communicate(timeout=60)[1]
+        if d:
+            d.send_signal(signal.SIGTERM)
+            d.wait(60)
+        log.seek(0)
+        err = log.read()
+        log.close()
         os.rmdir(mnt)
     p = st["pressure"]
     r.update(pressure=st["pressure_events"], sheds=p["sheds"], helped=p["helped"],

@@ -29,10 +29,7 @@ Prints a markdown table of the runs and their medians.  Needs root
 """
 import argparse, json, os, signal, statistics, subprocess, sys, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-B = os.path.join(ROOT, "build")
-STRATA, STRATAD = os.path.join(B, "strata"), os.path.join(B, "daemon", "stratad")
-CTL, IOBENCH = os.path.join(B, "tools", "stratactl"), os.path.join(B, "tools", "strata-iobench")
+from benchlib import IOBENCH, STRATA, STRATAD, drop_caches, status
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", required=True)
@@ -42,15 +39,15 @@ a = ap.parse_args()
 sock = f"/tmp/strata-bench-ft-{os.getpid()}.sock"
 
 
-def status():
-    r = subprocess.run([CTL, "--socket", sock, "status", "--json"], capture_output=True, text=True)
-    return json.loads(r.stdout) if r.returncode == 0 else None
-
-
-def drop_caches():
-    subprocess.run(["sync"])
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+def iobench(io, *extra):
+    """strata-iobench over the model with the daemon's request size and
+    depth (io, from its status), the page cache dropped: GB/s."""
+    drop_caches()
+    r = subprocess.run([IOBENCH, "--chunk", str(io["chunk_bytes"]), "--depth", str(io["depth"]),
+                        *extra, a.model], capture_output=True, text=True)
+    if r.returncode:
+        sys.exit("strata-iobench failed: " + r.stderr)
+    return json.loads(r.stdout)["gbps"]
 
 
 io = None  # the daemon's request size and depth, from its status
@@ -59,14 +56,7 @@ for rep in range(a.reps + 1):
     # Round 0 only learns the daemon's request size and depth.
     gbps = fresh_gbps = None
     if io:
-        def iobench(*extra):
-            drop_caches()
-            r = subprocess.run([IOBENCH, "--chunk", str(io["chunk_bytes"]), "--depth",
-                                str(io["depth"]), *extra, a.model], capture_output=True, text=True)
-            if r.returncode:
-                sys.exit("strata-iobench failed: " + r.stderr)
-            return json.loads(r.stdout)["gbps"]
-        gbps, fresh_gbps = iobench(), iobench("--fresh")
+        gbps, fresh_gbps = iobench(io), iobench(io, "--fresh")
     drop_caches()
     t0 = time.monotonic()
     d = subprocess.Popen([STRATAD, "--socket", sock, "--budget", a.budget, a.model],
@@ -79,7 +69,7 @@ for rep in range(a.reps + 1):
     r = subprocess.run([STRATA, "bench", "-m", a.model, "--pager", sock, "-p", "0", "-n", "1",
                         "-c", "64", "-b", "32", "--no-hw", "--json"], capture_output=True,
                        text=True)
-    st = status()
+    st = status(sock)
     d.send_signal(signal.SIGTERM)
     d.wait(30)
     if r.returncode:

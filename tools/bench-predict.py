@@ -17,12 +17,9 @@ measurement:
 Prints a markdown table of medians and the errors (predicted / measured - 1).
 Needs root (drop_caches).
 """
-import argparse, json, os, signal, statistics, subprocess, sys, time
+import argparse, json, os, signal, statistics, subprocess, sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-B = os.path.join(ROOT, "build")
-STRATA, STRATAD = os.path.join(B, "strata"), os.path.join(B, "daemon", "stratad")
-CTL = os.path.join(B, "tools", "stratactl")
+from benchlib import STRATA, drop_caches, start_daemon, status
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", action="append", required=True)
@@ -37,21 +34,9 @@ if a.calibrate not in fractions:
 sock = f"/tmp/strata-bench-predict-{os.getpid()}.sock"
 
 
-def status():
-    r = subprocess.run([CTL, "--socket", sock, "status", "--json"], capture_output=True, text=True)
-    return json.loads(r.stdout) if r.returncode == 0 else None
-
-
 def start(model, resident):
     """stratad --resident N serving model, once its socket answers."""
-    d = subprocess.Popen([STRATAD, "--socket", sock, "--resident", str(resident), model],
-                         stderr=subprocess.DEVNULL)
-    t0 = time.monotonic()
-    while status() is None:
-        if d.poll() is not None or time.monotonic() - t0 > 60:
-            sys.exit("stratad did not come up")
-        time.sleep(0.02)  # polling the socket with a deadline
-    return d
+    return start_daemon(sock, ["--resident", str(resident), model])
 
 
 def stop(d):
@@ -61,11 +46,9 @@ def stop(d):
 
 def run(model, fraction):
     """One daemon, one bench: (measured tok/s, {resident: predicted tok/s}, layers, n)."""
-    subprocess.run(["sync"])
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_caches()
     d = start(model, 0)  # the layer count, from a daemon that holds nothing yet
-    layers = len(status()["models"][0]["layers"])
+    layers = len(status(sock)["models"][0]["layers"])
     stop(d)
     n = round(fraction * layers)
     d = start(model, n)
@@ -74,7 +57,7 @@ def run(model, fraction):
                             str(a.tokens), "--no-hw", "--json"], capture_output=True, text=True)
         if r.returncode:
             sys.exit("strata bench failed: " + r.stderr)
-        sp = status()["models"][0]["speed"]
+        sp = status(sock)["models"][0]["speed"]
     finally:
         stop(d)
     pred = {p["resident"]: p["tps"] for p in sp["predicted"]}

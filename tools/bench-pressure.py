@@ -37,17 +37,10 @@ shed layers' memory being free.  Markdown to stdout.  Needs root.
 """
 import argparse, json, mmap, os, signal, statistics, subprocess, sys, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-B = os.path.join(ROOT, "build")
-STRATA, STRATAD = os.path.join(B, "strata"), os.path.join(B, "daemon", "stratad")
-CTL = os.path.join(B, "tools", "stratactl")
+from benchlib import CTL, STRATA, drop_caches, size, start_daemon, status
+
 CG_ROOT = "/sys/fs/cgroup/memory"
 STEP = 128 << 20
-
-
-def size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s)
 
 
 ap = argparse.ArgumentParser()
@@ -108,11 +101,6 @@ def into_cgroup():
         f.write(str(os.getpid()))
 
 
-def status():
-    r = subprocess.run([CTL, "--socket", sock, "status", "--json"], capture_output=True, text=True)
-    return json.loads(r.stdout) if r.returncode == 0 else None
-
-
 def trace_of(path):
     try:
         with open(path) as f:
@@ -126,9 +114,7 @@ HOG_RUNS = ("stream-hog", "on", "off")
 
 def run(model, kind):
     """One run in a fresh cgroup: kind is stream, on or off."""
-    subprocess.run(["sync"])
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3")
+    drop_caches()
     os.mkdir(cg)
     with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
         f.write(str(limit))
@@ -139,16 +125,10 @@ def run(model, kind):
     args = {"stream": ["--resident", "0"], "stream-hog": ["--resident", "0"], "on": [],
             "off": ["--no-pressure"], "plain": []}[kind]
     log = open(os.path.join(tmp, f"stratad-{kind}.log"), "w")
-    d = subprocess.Popen([STRATAD, "--socket", sock, *args, model], preexec_fn=into_cgroup,
-                         stderr=log)
-    hogp = None
+    d = hogp = None
     samples = []
     try:
-        t0 = time.monotonic()
-        while status() is None:
-            if d.poll() is not None or time.monotonic() - t0 > 60:
-                sys.exit(f"stratad did not come up: see {log.name}")
-            time.sleep(0.02)  # polling the socket with a deadline
+        d = start_daemon(sock, [*args, model], preexec_fn=into_cgroup, stderr=log)
         e = subprocess.Popen([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
                               str(a.tokens), "--no-hw", "--json", "--trace", trace],
                              preexec_fn=into_cgroup, stdout=subprocess.PIPE,
@@ -160,12 +140,12 @@ def run(model, kind):
                                          "--hog-child", str(anon_max), ws_path, stop],
                                         preexec_fn=into_cgroup)
                 hog_t = time.time()
-            st = status()
+            st = status(sock)
             samples.append((time.time(), int(cgread("memory.usage_in_bytes")),
                             st["models"][0]["resident_layers_planned"] if st else None))
             time.sleep(0.1)  # sampling every 100 ms while the engine runs
         out, err = e.communicate()
-        st = status()
+        st = status(sock)
         text = subprocess.run([CTL, "--socket", sock, "status"], capture_output=True,
                               text=True).stdout
         with open(os.path.join(tmp, f"status-{kind}-{os.path.basename(model)}.txt"), "w") as f:
@@ -175,7 +155,7 @@ def run(model, kind):
         open(stop, "w").close()
         if hogp:
             hogp.wait(30)
-        if d.poll() is None:
+        if d and d.poll() is None:
             d.send_signal(signal.SIGTERM)
             d.wait(30)
         log.close()
