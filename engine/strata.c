@@ -434,8 +434,26 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	return 0;
 }
 
+/* The decode passes not yet reported, to the pager (session_decode). */
+static void session_report(struct session *s)
+{
+	uint32_t L = s->pass_layer_ns ? s->hp->n_layer : 0;
+
+	/* a full socket is a daemon that is not reading: the watchdog notices
+	 * it going away; a lost report only delays learning */
+	pager_client_report(s->pc, s->pass_tokens, (uint64_t)(s->pass_s * 1e9), s->pass_outside_ns,
+			    s->pass_layer_ns, L);
+	s->pass_tokens = 0;
+	s->pass_s = 0;
+	s->pass_outside_ns = 0;
+	if (L)
+		memset(s->pass_layer_ns, 0, L * sizeof(*s->pass_layer_ns));
+}
+
 static void session_close(struct session *s)
 {
+	if (s->pc && s->pass_tokens) /* a run shorter than a report's 0.1 s too */
+		session_report(s);
 	free(s->pass_layer_ns);
 	eng_ctx_destroy(s->ctx);
 	eng_model_destroy(s->model);
@@ -476,7 +494,6 @@ static int session_decode(struct session *s, const int32_t *ids, size_t n, float
 	if (rc || !t0)
 		return rc;
 	double t1 = now_s();
-
 	const uint64_t *layer = eng_ctx_layer_ns(s->ctx);
 	uint32_t L = s->pass_layer_ns ? s->hp->n_layer : 0;
 
@@ -487,17 +504,8 @@ static int session_decode(struct session *s, const int32_t *ids, size_t n, float
 	for (uint32_t l = 0; l < L; l++)
 		s->pass_layer_ns[l] += layer[l];
 	s->pass_outside_ns += eng_ctx_outside_ns(s->ctx);
-	if (t1 - s->pass_since >= 0.1) {
-		/* a full socket is a daemon that is not reading: the watchdog
-		 * notices it going away; a lost report only delays learning */
-		pager_client_report(s->pc, s->pass_tokens, (uint64_t)(s->pass_s * 1e9),
-				    s->pass_outside_ns, s->pass_layer_ns, L);
-		s->pass_tokens = 0;
-		s->pass_s = 0;
-		s->pass_outside_ns = 0;
-		if (L)
-			memset(s->pass_layer_ns, 0, L * sizeof(*s->pass_layer_ns));
-	}
+	if (t1 - s->pass_since >= 0.1)
+		session_report(s);
 	return 0;
 }
 
