@@ -100,8 +100,7 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'm':
-			if (strcmp(optarg, "speed") && strcmp(optarg, "balanced") &&
-			    strcmp(optarg, "context")) {
+			if (!pager_mode_valid(optarg)) {
 				fprintf(stderr, "stratad: invalid --mode '%s' (speed, balanced or context)\n",
 					optarg);
 				return 1;

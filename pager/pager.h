@@ -122,5 +122,8 @@ int pager_status_fetch(const char *socket_path, bool json, char **out, size_t *l
 
 /* "8G", "512M", "1024" -> bytes; -EINVAL on garbage or overflow. */
 int pager_parse_size(const char *s, uint64_t *out);
+/* Is s a residency mode pager_config.mode takes ("speed", "balanced",
+ * "context")? */
+bool pager_mode_valid(const char *s);
 
 #endif

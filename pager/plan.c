@@ -18,6 +18,7 @@
  * back.
  */
 #include "plan_i.h"
+#include "pager.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -32,6 +33,13 @@ static const unsigned mode_quarters[] = { 0, 1, 2 };
 const char *plan_mode_name(enum plan_mode mode)
 {
 	return mode_names[mode];
+}
+
+bool pager_mode_valid(const char *s)
+{
+	enum plan_mode mode;
+
+	return plan_mode_parse(s, &mode) == 0;
 }
 
 int plan_mode_parse(const char *s, enum plan_mode *out)
