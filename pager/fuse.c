@@ -297,7 +297,7 @@ static void reply_direct(struct pager_fuse *f, fuse_req_t req, struct model *m, 
 	}
 	*d = (struct direct){ .req = req, .m = m, .buf = d->buf, .start = start, .off = off,
 			      .len = len };
-	*tag = (struct io_tag){ .m = m, .kind = IO_DIRECT, .ptr = d };
+	*tag = (struct io_tag){ .m = m, .kind = IO_DIRECT, .owner = &pager_fuse_ops, .ptr = d };
 	n = pio_read(m->p->io, m->fd, d->buf, start, span, m->lay->file_size, tag);
 	if (n < 0) {
 		pager_log_errno(PAGER_LOG_ERR, n, "%s: reading %llu bytes at %llu", m->name,
@@ -314,7 +314,7 @@ static void reply_direct(struct pager_fuse *f, fuse_req_t req, struct model *m, 
 }
 
 /* Part of a read of the file itself completed. */
-void pager_fuse_direct_done(struct io_tag *tag, int err, uint64_t bytes, bool last)
+static void direct_done(struct io_tag *tag, int err, uint64_t bytes, bool last)
 {
 	struct direct *d = tag->ptr;
 
@@ -414,10 +414,11 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 }
 
 /* A unit of m finished loading: answer the reads waiting for it. */
-void pager_fuse_unit_ready(struct model *m)
+static void fuse_unit_ready(struct model *m, unsigned u)
 {
 	struct fuse_wait **pw = &m->fuse_waiting;
 
+	(void)u; /* a read may span several units: each waiting one is asked again */
 	while (*pw) {
 		struct fuse_wait *w = *pw;
 		enum how how = how_to_read(m, w->off, w->len);
@@ -457,7 +458,7 @@ bool pager_fuse_waits_for(const struct model *m, unsigned u)
 }
 
 /* A unit whose reads failed: its waiting readers get EIO. */
-void pager_fuse_unit_failed(struct model *m, unsigned u)
+static void fuse_unit_failed(struct model *m, unsigned u)
 {
 	struct fuse_wait **pw = &m->fuse_waiting;
 
@@ -473,6 +474,50 @@ void pager_fuse_unit_failed(struct model *m, unsigned u)
 		}
 	}
 }
+
+/* ---- the consumer ----------------------------------------------------- */
+
+/* The kernel has the file's inode, and with it a page cache to fill. */
+static bool fuse_present(const struct model *m)
+{
+	return m->fuse_inode;
+}
+
+/* The mount does not ask for the memfd: it has its own way into the page
+ * cache (fuse_store.c), and answers reads from what the memfd holds for the
+ * engines. */
+static bool fuse_wants(const struct model *m, unsigned u)
+{
+	(void)m;
+	(void)u;
+	return false;
+}
+
+static uint64_t fuse_held(const struct model *m)
+{
+	return m->cache_bytes + m->fuse_sparse_bytes;
+}
+
+static void fuse_io_done(struct io_tag *tag, int err, uint64_t bytes, bool last)
+{
+	if (tag->kind == IO_STAGE)
+		pager_fuse_staged(tag, err, bytes, last);
+	else
+		direct_done(tag, err, bytes, last);
+}
+
+const struct consumer_ops pager_fuse_ops = {
+	.name = "FUSE",
+	.present = fuse_present,
+	.wants = fuse_wants,
+	.unit_ready = fuse_unit_ready,
+	.unit_failed = fuse_unit_failed,
+	.holds = pager_fuse_waits_for,
+	.advance = pager_fuse_advance,
+	.held = fuse_held,
+	.io_done = fuse_io_done,
+	.fixed_bytes = PAGER_FUSE_STAGING,
+};
 
 static void fs_statfs(fuse_req_t req, fuse_ino_t ino)
 {

@@ -39,7 +39,15 @@ struct pager_fuse {
 	pid_t guard; /* the guardian process (see fuse.c) */
 };
 
+/* fuse.c */
+/* A read waiting for its units needs unit u (it must stay in the memfd). */
+bool pager_fuse_waits_for(const struct model *m, unsigned u);
+
 /* fuse_store.c */
+/* The mount's side of a policy step (the consumer's advance). */
+void pager_fuse_advance(struct model *m);
+/* A staging read (IO_STAGE) completed. */
+void pager_fuse_staged(struct io_tag *tag, int err, uint64_t bytes, bool last);
 #define SPARSE_JOB UINT_MAX /* a job's unit: the token embedding */
 void pager_fuse_drop_sparse(struct model *m);
 void *pager_fuse_notifier(void *arg);

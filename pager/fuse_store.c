@@ -353,8 +353,8 @@ static void pump(struct pager *p)
 		tag = malloc(sizeof(*tag));
 		if (!tag)
 			return;
-		*tag = (struct io_tag){ .m = best, .u = bu, .kind = IO_STAGE, .slot = (unsigned)slot,
-					.off = us->st_off, .len = len };
+		*tag = (struct io_tag){ .m = best, .u = bu, .kind = IO_STAGE, .owner = &pager_fuse_ops,
+					.slot = (unsigned)slot, .off = us->st_off, .len = len };
 		n = pio_read(p->io, best->fd, f->slot[slot], us->st_off, len, best->lay->file_size,
 			     tag);
 		if (n < 0) {
@@ -415,6 +415,21 @@ void pager_fuse_staged(struct io_tag *tag, int err, uint64_t bytes, bool last)
 	pump(m->p);
 }
 
+/* Should unit u be in the mount's page cache?  Resident units always, and
+ * the streamed ones the mount's reader is in or about to reach; but only
+ * once the file was opened: before, the kernel has no page cache for it. */
+static bool wanted(const struct model *m, unsigned u)
+{
+	return m->fuse_inode && (m->us[u].resident || pager_needed_by(m, u, C_FUSE));
+}
+
+/* Is a store of unit u into the page cache still to do?  Streamed layers are
+ * stored without their tripwire page (see fuse.c), resident ones whole. */
+static bool store_due(const struct model *m, unsigned u)
+{
+	return wanted(m, u) && (m->us[u].pc == PC_NONE || m->us[u].pc == PC_SOME);
+}
+
 /*
  * The mount's side of a policy step: drop from the page cache what the
  * policy no longer wants there, and start storing what it wants while the
@@ -435,7 +450,7 @@ void pager_fuse_advance(struct model *m)
 
 		if (us->pc_job != PC_IDLE)
 			continue;
-		if (us->pc != PC_NONE && !pager_fuse_wants(m, u) && !pager_fuse_waits_for(m, u)) {
+		if (us->pc != PC_NONE && !wanted(m, u) && !pager_fuse_waits_for(m, u)) {
 			struct job *j = calloc(1, sizeof(*j));
 
 			if (!j)
@@ -443,7 +458,7 @@ void pager_fuse_advance(struct model *m)
 			*j = (struct job){ .m = m, .u = u, .kind = PC_DROPPING };
 			us->pc_job = PC_DROPPING;
 			job_queue(f, j);
-		} else if (pager_fuse_store_due(m, u)) {
+		} else if (store_due(m, u)) {
 			uint64_t need = us->pc == PC_NONE ? m->lay->units[u].bytes : 0;
 
 			if (u != 0 && pager_held(m) + need > allow)

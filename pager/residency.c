@@ -8,17 +8,13 @@
  * takes them out with a punch hole, which also removes them from every
  * client's page tables.
  *
- * Clients register their mapping with a userfaultfd (MISSING | MINOR) and give
- * it to the daemon.  A client touching a page that is not in the memfd raises
- * MISSING; one touching a page that is in the memfd but not mapped into it
- * raises MINOR.  The daemon answers either with UFFDIO_CONTINUE once the
- * page's unit is completely read - never earlier, so a client never sees a
- * half-written page.  Whole units are mapped with one CONTINUE as soon as
- * they are read, so in steady state the engine takes no fault except one
- * tripwire per streamed layer: the first page of each tensor is left
- * unmapped, and the first fault in a layer tells the daemon where the engine
- * is.  From that the policy reads the next streamed layers ahead and evicts
- * the ones behind.
+ * The memory serves consumers: the engines, through userfaultfd (uffd.c),
+ * and with --fuse the readers of the mount, through its page cache (fuse.c).
+ * Each is an adapter behind struct consumer_ops (server_i.h): this file
+ * tells them when a unit is read or failed, asks whether one still needs a
+ * unit before it goes, and learns from them where their readers are
+ * (client->pos); it knows nothing else of how they reach the pages.  The
+ * life of a fault, function by function, is in docs/design.md.
  *
  * Policy: unit 0 (everything that is not a layer) and N layers, spread evenly
  * over the model, stay resident; the rest stream through a window of `window`
@@ -34,11 +30,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/userfaultfd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #ifdef HAVE_NUMA
@@ -61,7 +55,7 @@ bool pager_page_shared(const struct model *m, unsigned u, uint64_t off)
 
 /* Unit u's own pages in its extent i: the extent without a first or last
  * page another unit shares.  False if none are left. */
-static bool own_range(const struct model *m, unsigned u, unsigned i, struct pager_extent *own)
+bool pager_own_range(const struct model *m, unsigned u, unsigned i, struct pager_extent *own)
 {
 	const struct pager_extent *e = &m->lay->units[u].ext[i];
 	uint64_t page = m->lay->page, off = e->off, end = e->off + e->len;
@@ -75,15 +69,15 @@ static bool own_range(const struct model *m, unsigned u, unsigned i, struct page
 }
 
 /* All of unit u's own pages, up to max ranges; 0 when there are more. */
-static unsigned own_ranges(const struct model *m, unsigned u, struct pager_extent *out,
-			   unsigned max)
+unsigned pager_own_ranges(const struct model *m, unsigned u, struct pager_extent *out,
+			  unsigned max)
 {
 	unsigned n = 0;
 
 	for (unsigned i = 0; i < m->lay->units[u].n_ext; i++) {
 		struct pager_extent e;
 
-		if (!own_range(m, u, i, &e))
+		if (!pager_own_range(m, u, i, &e))
 			continue;
 		if (n == max)
 			return 0;
@@ -120,8 +114,6 @@ static void released(struct model *m, unsigned u)
  * (a load racing a queued punch would lose pages).  A unit in a slot is
  * EVICTING until every client maps its range from the memfd again.
  */
-static void send_remap(struct client *c, unsigned u, bool to_slot);
-
 static void release(struct model *m, unsigned u)
 {
 	const struct pager_unit *un = &m->lay->units[u];
@@ -130,12 +122,9 @@ static void release(struct model *m, unsigned u)
 	m->us[u].punches_left = 0;
 	if (m->us[u].slot >= 0) {
 		/* nothing to free: every client maps the range from the memfd
-		 * again, and then the slot takes the next layer */
-		m->us[u].remaps_left = 0;
-		for (struct client *c = m->p->clients; c; c = c->next)
-			if (c->m == m && c->state == C_ACTIVE && !c->dead && c->view[u] != VIEW_MODEL)
-				send_remap(c, u, false);
-		if (m->us[u].remaps_left == 0)
+		 * again (pager_slot_vacated), and then the slot takes the next
+		 * layer */
+		if (pager_uffd_slot_out(m, u) == 0)
 			released(m, u);
 		return;
 	}
@@ -148,7 +137,7 @@ static void release(struct model *m, unsigned u)
 		struct pager_extent own = { 0, 0 };
 		struct io_tag *tag;
 
-		if (i < un->n_ext && !own_range(m, u, i, &own))
+		if (i < un->n_ext && !pager_own_range(m, u, i, &own))
 			continue;
 		if (i < un->n_ext && run.len && own.off == run.off + run.len) {
 			run.len += own.len;
@@ -250,157 +239,6 @@ uint64_t pager_allowance(const struct model *m)
 	return m->p->plan_models[m->idx].allowance;
 }
 
-/* ---- mapping into clients --------------------------------------------- */
-
-/*
- * Read what client c's uffd holds without handling it: an event (the client
- * moving a range into place, client.c) holds every CONTINUE off with EAGAIN
- * until it is read, and the faults read with it wait in the backlog for
- * pager_on_uffd.
- */
-static void drain_uffd(struct client *c)
-{
-	struct uffd_msg msgs[16];
-	ssize_t n = read(c->uffd, msgs, sizeof(msgs));
-
-	for (ssize_t i = 0; i < n / (ssize_t)sizeof(msgs[0]); i++) {
-		if (msgs[i].event != UFFD_EVENT_PAGEFAULT)
-			continue;
-		if (c->n_backlog == c->cap_backlog) {
-			unsigned cap = c->cap_backlog ? 2 * c->cap_backlog : 16;
-			struct uffd_msg *b = realloc(c->backlog, cap * sizeof(*b));
-
-			if (!b) {
-				pager_drop_client(c, "out of memory");
-				return;
-			}
-			c->backlog = b;
-			c->cap_backlog = cap;
-		}
-		c->backlog[c->n_backlog++] = msgs[i];
-	}
-}
-
-/* The uffd error policy, in one place: EEXIST (already mapped) is success,
- * EAGAIN (the mm is changing: an event waits to be read) means drain the
- * uffd and retry, ENOENT/ESRCH/EINVAL mean the client's mapping or process
- * is gone. */
-static int uffd_continue(struct client *c, uint64_t off, uint64_t len)
-{
-	uint64_t page = c->m->lay->page;
-
-	while (len) {
-		struct uffdio_continue uc = {
-			.range = { .start = c->base + off, .len = len },
-		};
-
-		if (ioctl(c->uffd, UFFDIO_CONTINUE, &uc) == 0)
-			return 0;
-		if (errno == EAGAIN) {
-			if (uc.mapped > 0) {
-				off += (uint64_t)uc.mapped;
-				len -= (uint64_t)uc.mapped;
-			}
-			drain_uffd(c);
-			if (c->dead)
-				return -ENOMEM;
-			continue;
-		}
-		if (errno == EEXIST) {
-			/* mapped counts the bytes before the existing page */
-			uint64_t skip = (uc.mapped > 0 ? (uint64_t)uc.mapped : 0) + page;
-
-			if (skip >= len)
-				return 0;
-			off += skip;
-			len -= skip;
-			continue;
-		}
-		return -errno;
-	}
-	return 0;
-}
-
-/* A CONTINUE failed: ENOENT (the range is no longer registered: it unmapped
- * the model) and ESRCH (its process is exiting) are a client on its way
- * out, which its socket's EOF will confirm; anything else is a fault. */
-static void uffd_failed(struct client *c, int rc)
-{
-	pager_drop_client(c, rc == -ENOENT || rc == -ESRCH ? NULL : "its mapping is gone");
-}
-
-
-/* CONTINUE [off, end) into client c, skipping tripwire pages when trip. */
-static int map_range(struct client *c, const struct pager_unit *un, uint64_t off, uint64_t end,
-		     bool trip)
-{
-	uint64_t page = c->m->lay->page;
-	unsigned t = 0;
-	int rc = 0;
-
-	while (!rc && off < end) {
-		uint64_t stop = end;
-
-		if (trip) {
-			while (t < un->n_trip && un->trip[t] < off)
-				t++;
-			if (t < un->n_trip && un->trip[t] < end)
-				stop = un->trip[t];
-		}
-		if (stop > off)
-			rc = uffd_continue(c, off, stop - off);
-		off = stop == end ? end : stop + page;
-	}
-	return rc;
-}
-
-/* Can client c be given unit u's pages?  Read, and for a unit in a slot,
- * mapped from that slot at the client (its REMAP answered). */
-static bool ready_for(const struct client *c, unsigned u)
-{
-	const struct model *m = c->m;
-
-	return m->us[u].state == U_LOADED && (m->us[u].slot < 0 || c->view[u] == VIEW_SLOT);
-}
-
-/* Map unit u into client c: whole extents, minus tripwires for streamed
- * layers (so the first touch tells us the engine arrived).  One CONTINUE
- * works within one mapping, so a shared boundary page (in the memfd) and a
- * unit's own pages (in a slot, maybe) go separately. */
-void pager_map_unit(struct client *c, unsigned u)
-{
-	const struct model *m = c->m;
-	const struct pager_unit *un = &m->lay->units[u];
-	bool trip = !m->us[u].resident && un->layer >= 0;
-	int rc = 0;
-
-	if (!ready_for(c, u))
-		return;
-	for (unsigned i = 0; i < un->n_ext && !rc; i++) {
-		uint64_t off = un->ext[i].off, end = off + un->ext[i].len;
-		struct pager_extent own;
-
-		if (!own_range(m, u, i, &own)) {
-			rc = map_range(c, un, off, end, trip);
-			continue;
-		}
-		rc = map_range(c, un, off, own.off, trip);
-		if (!rc)
-			rc = map_range(c, un, own.off, own.off + own.len, trip);
-		if (!rc)
-			rc = map_range(c, un, own.off + own.len, end, trip);
-	}
-	if (rc)
-		uffd_failed(c, rc);
-}
-
-static void map_unit_everywhere(struct model *m, unsigned u)
-{
-	for (struct client *c = m->p->clients; c; c = c->next)
-		if (c->m == m && c->state == C_ACTIVE && !c->dead)
-			pager_map_unit(c, u);
-}
-
 /* ---- streaming slots -------------------------------------------------- */
 
 /*
@@ -417,8 +255,8 @@ static void map_unit_everywhere(struct model *m, unsigned u)
  * were never filled, once the layer leaves; the slot takes the next layer
  * when every client has answered.  A layer that finds no slot free (clients
  * far apart), a resident layer and unit 0 are read into the memfd as
- * before.  With --fuse the memfd also serves the mount's reads at the
- * file's offsets: such a daemon has no slots.
+ * before.  Slots are the engines' alone: with a mount, the memfd also
+ * serves its reads at the file's offsets, and such a daemon has none.
  */
 #define SLOT_RANGES PROTO_REMAP_MAX
 
@@ -430,10 +268,10 @@ int pager_slots_create(struct model *m)
 	m->slotfd = -1;
 	for (unsigned u = 0; u < m->lay->n_units; u++)
 		m->us[u].slot = -1;
-	if (m->p->cfg.fuse_dir || L == 0)
+	if (m->p->n_consumers > 1 || L == 0)
 		return 0;
 	for (unsigned u = 1; u <= L; u++) {
-		unsigned n = own_ranges(m, u, own, SLOT_RANGES);
+		unsigned n = pager_own_ranges(m, u, own, SLOT_RANGES);
 		uint64_t b = 0;
 
 		for (unsigned i = 0; i < n; i++)
@@ -476,7 +314,7 @@ static int find_slot(const struct model *m, unsigned u)
 {
 	struct pager_extent own[SLOT_RANGES];
 
-	if (!m->n_slots || u == 0 || m->us[u].resident || !own_ranges(m, u, own, SLOT_RANGES))
+	if (!m->n_slots || u == 0 || m->us[u].resident || !pager_own_ranges(m, u, own, SLOT_RANGES))
 		return -1;
 	for (unsigned s = 0; s < m->n_slots; s++)
 		if (m->slot_unit[s] < 0)
@@ -506,149 +344,31 @@ static void take_slot(struct model *m, unsigned u)
 	}
 	m->slot_unit[s] = (int)u;
 	m->slot_loads++;
-	/* (a client still registering is asked once it has READY:
-	 * pager_slots_attach) */
-	for (struct client *c = m->p->clients; c; c = c->next)
-		if (c->m == m && c->ready && !c->dead)
-			send_remap(c, u, true);
+	pager_uffd_slot_in(m, u);
+}
+
+/* Every client of unit u maps its range from the memfd again (uffd.c): the
+ * slot is free. */
+void pager_slot_vacated(struct model *m, unsigned u)
+{
+	released(m, u);
+	pager_policy_advance(m); /* the slot may let a load start */
 }
 
 /* Send c's queued REMAPs while fewer than REMAPS_IN_FLIGHT are unanswered. */
-static void flush_remaps(struct client *c)
-{
-	struct remap_wait *w = c->remaps;
-
-	while (w && w->sent)
-		w = w->next;
-	for (; w && c->remaps_sent < REMAPS_IN_FLIGHT && !c->dead; w = w->next) {
-		if (proto_send(c->fd, PROTO_REMAP, w->msg, w->len, -1)) {
-			pager_drop_client(c, "cannot send it REMAP");
-			return;
-		}
-		w->sent = true;
-		c->remaps_sent++;
-	}
-}
-
-/* Ask client c to map unit u's range from its slot (to_slot) or from the
- * memfd; the answer comes back as REMAPPED (pager_on_remapped). */
-static void send_remap(struct client *c, unsigned u, bool to_slot)
-{
-	struct model *m = c->m;
-	struct pager_extent own[SLOT_RANGES];
-	unsigned n = own_ranges(m, u, own, SLOT_RANGES);
-	uint32_t len = PROTO_REMAP_FIXED + n * PROTO_REMAP_RANGE;
-	uint64_t at = (uint64_t)m->us[u].slot * m->slot_size;
-	struct remap_wait *w = malloc(sizeof(*w) + len);
-
-	if (!w) {
-		pager_drop_client(c, "out of memory");
-		return;
-	}
-	*w = (struct remap_wait){ .seq = ++c->remap_seq, .u = u, .to_slot = to_slot, .len = len };
-	proto_put_u32(w->msg, w->seq);
-	proto_put_u32(w->msg + 4, n);
-	for (unsigned i = 0; i < n; i++) {
-		uint8_t *r = w->msg + PROTO_REMAP_FIXED + i * PROTO_REMAP_RANGE;
-
-		proto_put_u64(r, own[i].off);
-		proto_put_u64(r + 8, own[i].len);
-		proto_put_u64(r + 16, to_slot ? at : PROTO_FROM_MODEL);
-		at += own[i].len;
-	}
-	*c->remaps_tail = w;
-	c->remaps_tail = &w->next;
-	c->view[u] = to_slot ? VIEW_SLOT_PENDING : VIEW_MODEL_PENDING;
-	if (!to_slot)
-		m->us[u].remaps_left++;
-	flush_remaps(c);
-}
-
-/* One more client maps unit u from the memfd again; the last one frees its
- * slot. */
-static void remap_done(struct model *m, unsigned u)
-{
-	if (m->us[u].remaps_left && --m->us[u].remaps_left == 0 && m->us[u].state == U_EVICTING) {
-		released(m, u);
-		pager_policy_advance(m); /* the slot may let a load start */
-	}
-}
-
-/* A client that just registered: the units in slots are mapped from them. */
-void pager_slots_attach(struct client *c)
-{
-	struct model *m = c->m;
-
-	for (unsigned u = 0; u < m->lay->n_units && !c->dead; u++)
-		if (m->us[u].slot >= 0 &&
-		    (m->us[u].state == U_LOADING || m->us[u].state == U_LOADED))
-			send_remap(c, u, true);
-}
-
-static void resolve(struct client *c, uint64_t off, uint64_t since);
-
-/* Client c answered REMAP seq (they come back in the order sent). */
-void pager_on_remapped(struct client *c, uint32_t seq)
-{
-	struct remap_wait *w = c->remaps;
-	struct model *m = c->m;
-	unsigned u;
-
-	if (!w || !w->sent || w->seq != seq) {
-		pager_drop_client(c, "it answered a REMAP it was not sent");
-		return;
-	}
-	c->remaps = w->next;
-	if (!c->remaps)
-		c->remaps_tail = &c->remaps;
-	c->remaps_sent--;
-	flush_remaps(c);
-	u = w->u;
-	if (!w->to_slot) {
-		if (c->view[u] == VIEW_MODEL_PENDING)
-			c->view[u] = VIEW_MODEL;
-		free(w);
-		remap_done(m, u);
-		return;
-	}
-	free(w);
-	if (c->view[u] != VIEW_SLOT_PENDING)
-		return; /* a REMAP back to the memfd followed it */
-	c->view[u] = VIEW_SLOT;
-	if (!ready_for(c, u))
-		return;
-	pager_map_unit(c, u);
-	/* its faults on the unit, which waited for the slot to be mapped */
-	for (struct waiter **pw = &m->waiters[u]; *pw && !c->dead;) {
-		struct waiter *x = *pw;
-
-		if (x->c != c) {
-			pw = &x->next;
-			continue;
-		}
-		*pw = x->next;
-		resolve(c, x->off, x->since_ns);
-		free(x);
-	}
-}
-
-/* A client is going: the REMAPs it will never answer count as done. */
-void pager_slots_forget(struct client *c)
-{
-	while (c->remaps) {
-		struct remap_wait *w = c->remaps;
-
-		c->remaps = w->next;
-		if (!w->to_slot && !c->p->stop)
-			remap_done(c->m, w->u);
-		free(w);
-	}
-	c->remaps_tail = &c->remaps;
-}
-
 /* ---- loading ---------------------------------------------------------- */
 
-static void wake_waiters(struct model *m, unsigned u);
+/* Unit u is read: every consumer gets it, and the policy takes its next
+ * step. */
+static void loaded(struct model *m, unsigned u)
+{
+	struct pager *p = m->p;
+
+	m->us[u].state = U_LOADED;
+	for (unsigned i = 0; i < p->n_consumers; i++)
+		p->consumers[i]->unit_ready(m, u);
+	pager_policy_advance(m);
+}
 
 int pager_load(struct model *m, unsigned u)
 {
@@ -680,7 +400,7 @@ int pager_load(struct model *m, unsigned u)
 		struct pager_extent part[3] = { *e, { 0, 0 }, { 0, 0 } }, own;
 		uint8_t *dst[3] = { m->map + e->off, NULL, NULL };
 
-		if (m->us[u].slot >= 0 && own_range(m, u, i, &own)) {
+		if (m->us[u].slot >= 0 && pager_own_range(m, u, i, &own)) {
 			part[0] = (struct pager_extent){ e->off, own.off - e->off };
 			part[1] = own;
 			part[2] = (struct pager_extent){ own.off + own.len,
@@ -704,9 +424,7 @@ int pager_load(struct model *m, unsigned u)
 	/* drop the hold; completes now if every chunk already finished */
 	if (--m->us[u].reads_left == 0) {
 		free(tag);
-		m->us[u].state = U_LOADED;
-		map_unit_everywhere(m, u);
-		wake_waiters(m, u);
+		loaded(m, u);
 	}
 	return m->us[u].io_err;
 }
@@ -719,12 +437,8 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 	struct ustat *us = &m->us[u];
 
 	(void)arg;
-	if (tag->kind == IO_STAGE) {
-		pager_fuse_staged(tag, err, bytes, last);
-		return;
-	}
-	if (tag->kind == IO_DIRECT) {
-		pager_fuse_direct_done(tag, err, bytes, last);
+	if (tag->owner) {
+		tag->owner->io_done(tag, err, bytes, last);
 		return;
 	}
 	if (tag->kind == IO_PUNCH) {
@@ -747,18 +461,13 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 		return;
 	free(tag);
 	if (us->io_err) {
-		/* The data is not there: a client waiting on it cannot go on.
-		 * Drop them (they exit with a message) rather than map garbage. */
+		/* The data is not there: what waits for it cannot go on. */
 		release(m, u);
-		for (struct waiter *w = m->waiters[u]; w; w = w->next)
-			pager_drop_client(w->c, "the model file could not be read");
-		if (m->p->fuse)
-			pager_fuse_unit_failed(m, u);
+		for (unsigned i = 0; i < m->p->n_consumers; i++)
+			m->p->consumers[i]->unit_failed(m, u);
 		return;
 	}
-	us->state = U_LOADED;
-	map_unit_everywhere(m, u);
-	wake_waiters(m, u);
+	loaded(m, u);
 }
 
 /* ---- policy ----------------------------------------------------------- */
@@ -797,24 +506,37 @@ static uint64_t full_bytes(const struct model *m)
 	return m->lay->units[0].bytes + layer_bytes(m) + sparse_held(m);
 }
 
-static bool has_uffd_clients(const struct model *m);
-
-/* Copies of m's resident layers that exist at once: the memfd's for the
- * userfaultfd engines and the mount's page cache for the readers of the
- * file are separate memory, so with both kinds of consumer every resident
- * byte is held twice. */
+/* Copies of m's resident layers that exist at once: each consumer present
+ * holds its own (the memfd the engines map, the mount's page cache), so with
+ * engines and readers of the mount at once every resident byte is held
+ * twice. */
 static unsigned copies(const struct model *m)
 {
-	return m->fuse_inode && has_uffd_clients(m) ? 2 : 1;
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < m->p->n_consumers; i++)
+		n += m->p->consumers[i]->present(m);
+	return n ? n : 1;
 }
 
-/* What streaming model m needs at least (plan.c), in `n` copies: with a
- * FUSE mount, its staging buffers too (once). */
+/* What the consumers need beside the model's pages (the mount's staging
+ * buffers), once for all models. */
+static uint64_t consumers_fixed(const struct pager *p)
+{
+	uint64_t b = 0;
+
+	for (unsigned i = 0; i < p->n_consumers; i++)
+		b += p->consumers[i]->fixed_bytes;
+	return b;
+}
+
+/* What streaming model m needs at least (plan.c), in `n` copies, with what
+ * the consumers need beside it. */
 static uint64_t minimum(const struct model *m, const struct pager *p, unsigned n)
 {
 	return n * plan_minimum(full_bytes(m), m->lay->units[0].bytes, m->lay->max_layer_bytes,
 				m->lay->n_layers, p->window, sparse_held(m), 0) +
-	       (p->cfg.fuse_dir ? PAGER_FUSE_STAGING : 0);
+	       consumers_fixed(p);
 }
 
 /* Share the budget (plan.c) and mark each model's resident layers: the
@@ -830,7 +552,7 @@ void pager_plan(struct pager *p)
 		unsigned L = m->lay->n_layers, n = copies(m);
 
 		m->copies = n;
-		pm->full = n * full_bytes(m) + (p->cfg.fuse_dir ? PAGER_FUSE_STAGING : 0);
+		pm->full = n * full_bytes(m) + consumers_fixed(p);
 		pm->minimum = minimum(m, p, n);
 		pm->layer_bytes = L ? n * layer_bytes(m) / L : 0;
 		pm->n_layers = L;
@@ -858,16 +580,16 @@ void pager_replan(struct pager *p)
 }
 
 /* Is streamed unit u within `window` streamed layers ahead of a client of m
- * (or the one a client is in)?  fuse: ask about the mount's readers, else
- * about the userfaultfd clients. */
-static bool needed_by(const struct model *m, unsigned u, bool fuse)
+ * of the given kind (C_ACTIVE: an engine, C_FUSE: the mount's readers), or
+ * the one such a client is in? */
+bool pager_needed_by(const struct model *m, unsigned u, enum cstate kind)
 {
 	unsigned L = m->lay->n_layers;
 
 	for (const struct client *c = m->p->clients; c; c = c->next) {
 		unsigned seen = 0;
 
-		if (c->m != m || c->state != (fuse ? C_FUSE : C_ACTIVE))
+		if (c->m != m || c->state != kind)
 			continue;
 		if (c->pos < 0) {
 			/* not located yet: it starts at layer 0 */
@@ -894,61 +616,50 @@ static bool needed_by(const struct model *m, unsigned u, bool fuse)
 	return false;
 }
 
-static bool has_uffd_clients(const struct model *m)
+/* Should unit u be in the memfd?  When a consumer wants it there. */
+bool pager_wants_mem(const struct model *m, unsigned u)
 {
-	for (const struct client *c = m->p->clients; c; c = c->next)
-		if (c->m == m && (c->state == C_ACTIVE || c->state == C_REGISTER))
+	for (unsigned i = 0; i < m->p->n_consumers; i++)
+		if (m->p->consumers[i]->wants(m, u))
 			return true;
 	return false;
 }
 
-/* Should unit u be in the mount's page cache?  Resident units always, and
- * the streamed ones the mount's reader is in or about to reach; but only
- * once the file was opened: before, the kernel has no page cache for it. */
-bool pager_fuse_wants(const struct model *m, unsigned u)
+/* Does a consumer serve something from unit u's memfd pages right now (a
+ * fault or a read waiting for it)?  Then it stays until that is done. */
+static bool held_by_consumer(const struct model *m, unsigned u)
 {
-	return m->fuse_reader && m->fuse_inode && (m->us[u].resident || needed_by(m, u, true));
+	for (unsigned i = 0; i < m->p->n_consumers; i++)
+		if (m->p->consumers[i]->holds(m, u))
+			return true;
+	return false;
 }
 
-/* Is a store of unit u into the page cache still to do?  Streamed layers are
- * stored without their tripwire page (see fuse.c), resident ones whole. */
-bool pager_fuse_store_due(const struct model *m, unsigned u)
-{
-	return pager_fuse_wants(m, u) && (m->us[u].pc == PC_NONE || m->us[u].pc == PC_SOME);
-}
-
-/*
- * Should unit u be in the memfd?  The memfd serves userfaultfd clients:
- * resident units and their streaming window (resident units also when no one
- * is connected yet and there is no mount, so the first engine finds them
- * ready).  The mount has its own path into the page cache (fuse.c), and
- * reads what the memfd happens to hold.
- */
-bool pager_wants_mem(const struct model *m, unsigned u)
-{
-	bool uffd = has_uffd_clients(m) || !m->fuse_reader;
-
-	return uffd && (m->us[u].resident || needed_by(m, u, false));
-}
-
-/* Bytes this model holds against its allowance: its memfd and what it put
- * in the mount's page cache (the mount's staging buffers are in the plan). */
+/* Bytes this model holds against its allowance: its memfd and what the
+ * consumers hold of their own (the mount's page cache; its staging buffers
+ * are in the plan). */
 uint64_t pager_held(const struct model *m)
 {
-	return m->mem_bytes + m->slot_bytes + m->cache_bytes + m->sparse_bytes +
-	       m->fuse_sparse_bytes;
+	uint64_t b = m->mem_bytes + m->slot_bytes + m->sparse_bytes;
+
+	for (unsigned i = 0; i < m->p->n_consumers; i++)
+		if (m->p->consumers[i]->held)
+			b += m->p->consumers[i]->held(m);
+	return b;
 }
 
 /* Bring memory in line with the plan and the clients' positions: evict what
- * is not wanted, let the mount's page cache follow (fuse.c), then load what
- * is wanted while the allowance has room. */
+ * is not wanted, let each consumer bring its own memory in line (the mount's
+ * page cache: fuse_store.c), then load what is wanted while the allowance
+ * has room. */
 void pager_policy_advance(struct model *m)
 {
+	struct pager *p = m->p;
 	unsigned U = m->lay->n_units;
 
 	/* an engine and a reader of the mount arrived or left: the copies */
 	if (copies(m) != m->copies)
-		pager_plan(m->p);
+		pager_plan(p);
 
 	uint64_t allow = pager_allowance(m);
 
@@ -957,22 +668,19 @@ void pager_policy_advance(struct model *m)
 	/* A layer memory pressure demoted goes now, even if the engine is
 	 * about to need it: freeing the memory is the point, and reading it
 	 * again into a slot is what streaming costs anyway. */
-	for (unsigned u = 1; u < U; u++)
-		if (m->us[u].state == U_LOADED && !m->waiters[u] &&
+	for (unsigned u = 0; u < U; u++)
+		if (m->us[u].state == U_LOADED && !held_by_consumer(m, u) &&
 		    (!pager_wants_mem(m, u) || m->us[u].shed_pending ||
-		     (m->us[u].slot >= 0 && m->us[u].resident)) &&
-		    !(m->p->fuse && pager_fuse_waits_for(m, u)))
+		     (m->us[u].slot >= 0 && m->us[u].resident)))
 			evict(m, u); /* (a slot's layer planned resident goes to the memfd) */
-	if (m->fuse_reader && m->us[0].state == U_LOADED && !pager_wants_mem(m, 0) && !m->waiters[0] &&
-	    !pager_fuse_waits_for(m, 0))
-		evict(m, 0);
-	if (m->fuse_reader)
-		pager_fuse_advance(m);
+	for (unsigned i = 0; i < p->n_consumers; i++)
+		if (p->consumers[i]->advance)
+			p->consumers[i]->advance(m);
 	/* Queue loads in the order the engine will need them: unit 0, then the
 	 * layers from where the first located client is, cyclically.  The
 	 * reader is one FIFO, so this is the order the bytes arrive in. */
 	unsigned from = 0;
-	for (const struct client *c = m->p->clients; c; c = c->next)
+	for (const struct client *c = p->clients; c; c = c->next)
 		if (c->m == m && c->state == C_ACTIVE && !c->dead && c->pos > 0) {
 			from = (unsigned)c->pos - 1;
 			break;
@@ -988,200 +696,6 @@ void pager_policy_advance(struct model *m)
 			break;
 	}
 }
-
-/* ---- resolving faults ------------------------------------------------- */
-
-static void resolve(struct client *c, uint64_t off, uint64_t since)
-{
-	struct model *m = c->m;
-	uint64_t page = m->lay->page;
-	int u = pager_layout_unit_of(m->lay, off);
-	uint64_t waited = pager_now_ns() - since;
-	int rc;
-
-	c->wait_ns += waited;
-	m->fault_wait_ns += waited;
-	/* A fault in a layer means the client is in it: note the position
-	 * and map the layer's remaining tripwires, so it takes one fault per
-	 * layer, not one per tensor. */
-	if (u > 0) {
-		const struct pager_unit *un = &m->lay->units[u];
-
-		c->pos = u;
-		for (unsigned t = 0; t < un->n_trip; t++) {
-			rc = uffd_continue(c, un->trip[t], page);
-			if (rc) {
-				uffd_failed(c, rc);
-				return;
-			}
-		}
-	}
-	rc = uffd_continue(c, off, page);
-	if (rc)
-		uffd_failed(c, rc);
-}
-
-/* Unit u is read: answer the faults waiting for it, but for clients that
- * have yet to map its slot (they are answered when they have: see
- * pager_on_remapped). */
-static void wake_waiters(struct model *m, unsigned u)
-{
-	struct waiter **pw = &m->waiters[u];
-
-	while (*pw) {
-		struct waiter *w = *pw;
-
-		if (!w->c->dead && !ready_for(w->c, u)) {
-			pw = &w->next;
-			continue;
-		}
-		*pw = w->next;
-		if (!w->c->dead)
-			resolve(w->c, w->off, w->since_ns);
-		free(w);
-	}
-	if (m->p->fuse)
-		pager_fuse_unit_ready(m);
-	pager_policy_advance(m);
-}
-
-/* ---- sparse pages ----------------------------------------------------- */
-
-/*
- * The token embedding (when the output has its own matrix) belongs to no
- * unit: a token reads one row of it, so keeping it resident would waste
- * hundreds of MiB of the budget on rows no one reads.  A fault on it reads
- * the block around the page, synchronously (one per token, ~0.1 ms); the
- * blocks stay until they pass SPARSE_CAP, and then all go at once.
- */
-#define SPARSE_BLOCK (64u << 10)
-
-static void drop_sparse(struct model *m)
-{
-	uint64_t off, end;
-
-	if (pager_layout_sparse_own(m->lay, &off, &end) &&
-	    fallocate(m->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
-		      (off_t)(end - off)) < 0)
-		pager_log_errno(PAGER_LOG_ERR, -errno, "%s: dropping the token embedding", m->name);
-	m->sparse_bytes = 0;
-}
-
-static int load_sparse(struct model *m, uint64_t off)
-{
-	const struct pager_extent *sp = &m->lay->sparse;
-	uint64_t start = off - off % SPARSE_BLOCK, end = start + SPARSE_BLOCK;
-
-	if (start < sp->off)
-		start = sp->off;
-	if (end > sp->off + sp->len)
-		end = sp->off + sp->len;
-	if (m->sparse_bytes + (end - start) > PAGER_SPARSE_CAP)
-		drop_sparse(m);
-	for (uint64_t at = start; at < end;) {
-		ssize_t n = pread(m->fd, m->map + at, end - at, (off_t)at);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (n == 0)
-			break; /* the file's end, inside its last page */
-		at += (uint64_t)n;
-		m->bytes_read += (uint64_t)n;
-	}
-	m->sparse_bytes += end - start;
-	return 0;
-}
-
-/* ---- faults ----------------------------------------------------------- */
-
-static void on_fault(struct client *c, uint64_t addr, bool minor)
-{
-	struct model *m = c->m;
-	uint64_t off = (addr - c->base) & ~(m->lay->page - 1);
-	int u;
-
-	if (addr < c->base || addr - c->base >= m->lay->map_size) {
-		pager_drop_client(c, "it faulted outside its model");
-		return;
-	}
-	u = pager_layout_unit_of(m->lay, off);
-	if (u == PAGER_SPARSE) {
-		c->faults++;
-		/* MISSING: not in the memfd yet; MINOR: there, not mapped */
-		if (!minor && load_sparse(m, off)) {
-			pager_drop_client(c, "the model file could not be read");
-			return;
-		}
-		resolve(c, off, pager_now_ns());
-		return;
-	}
-	if (u < 0) {
-		pager_drop_client(c, "it faulted on a page no unit covers");
-		return;
-	}
-	c->faults++;
-	m->us[u].faults++;
-	if (ready_for(c, u)) {
-		resolve(c, off, pager_now_ns());
-		pager_policy_advance(m);
-		return;
-	}
-	struct waiter *w = malloc(sizeof(*w));
-	if (!w) {
-		pager_drop_client(c, "out of memory");
-		return;
-	}
-	w->c = c;
-	w->off = off;
-	w->since_ns = pager_now_ns();
-	w->next = m->waiters[u];
-	m->waiters[u] = w;
-	if (u > 0 && (unsigned)u != (unsigned)c->pos)
-		c->pos = u; /* it is here, waiting */
-	if (m->us[u].state == U_EVICTING) {
-		m->us[u].want_load = true;
-	} else if (m->us[u].state == U_ABSENT) {
-		/* A demand miss: the window did not cover it.  Make room. */
-		pager_policy_advance(m);
-		if (m->us[u].state == U_ABSENT && pager_load(m, u))
-			pager_drop_client(c, "the model file could not be read");
-	}
-}
-
-void pager_on_uffd(struct client *c)
-{
-	struct uffd_msg msgs[16];
-
-	/* faults read while draining (uffd_continue), in order */
-	for (unsigned i = 0; i < c->n_backlog && !c->dead; i++)
-		on_fault(c, c->backlog[i].arg.pagefault.address,
-			 c->backlog[i].arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_MINOR);
-	c->n_backlog = 0;
-
-	for (;;) {
-		ssize_t n = read(c->uffd, msgs, sizeof(msgs));
-
-		if (n < 0) {
-			if (errno == EAGAIN || errno == EINTR)
-				return;
-			pager_drop_client(c, "its userfaultfd failed");
-			return;
-		}
-		if (n == 0 || n % (ssize_t)sizeof(msgs[0])) {
-			pager_drop_client(c, "its userfaultfd returned a partial message");
-			return;
-		}
-		for (ssize_t i = 0; i < n / (ssize_t)sizeof(msgs[0]) && !c->dead; i++)
-			if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
-				on_fault(c, msgs[i].arg.pagefault.address,
-					 msgs[i].arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_MINOR);
-	}
-}
-
-
-/* ---- memory pressure -------------------------------------------------- */
 
 /* ---- NUMA placement --------------------------------------------------- */
 

@@ -708,6 +708,9 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		return -ENOMEM;
 	}
 	p->cfg = *cfg;
+	p->consumers[p->n_consumers++] = &pager_uffd_ops;
+	if (cfg->fuse_dir)
+		p->consumers[p->n_consumers++] = &pager_fuse_ops;
 	p->window = cfg->window ? cfg->window : DEFAULT_WINDOW;
 	p->page = (uint64_t)sysconf(_SC_PAGESIZE);
 	p->epfd = p->lfd = p->sfd = p->pressure.fd = -1;

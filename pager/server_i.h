@@ -66,11 +66,16 @@ struct ustat {
 struct client;
 struct model;
 
+struct consumer_ops;
+
 /* What a read or punch on the ring is for (io.c calls back with it). */
 struct io_tag {
 	struct model *m;
 	unsigned u;
 	enum { IO_LOAD, IO_PUNCH, IO_STAGE, IO_DIRECT } kind;
+	/* not NULL: a read of that consumer's own (fuse.c: IO_STAGE, IO_DIRECT),
+	 * handed back to it */
+	const struct consumer_ops *owner;
 	void *ptr;      /* IO_DIRECT: the read (fuse.c) */
 	/* IO_STAGE: the mount's staging slot and the file range read into it */
 	unsigned slot;
@@ -223,8 +228,44 @@ struct pressure {
 	unsigned n_release;        /* how many were recorded in all */
 };
 
+/*
+ * A consumer: one way the pages of a model reach the programs that use
+ * them - the engines, through userfaultfd (uffd.c), and the readers of the
+ * FUSE mount, through its page cache (fuse.c, fuse_store.c).  The policy
+ * (residency.c) decides what is in memory and calls these; it knows
+ * nothing else of how a consumer reaches the pages.  Consumers tell the
+ * policy where their readers are through their clients' pos, and call
+ * pager_policy_advance when that or what they wait for changed.
+ */
+struct consumer_ops {
+	const char *name;
+	/* Is m used this way now?  Each consumer present holds its own copy of
+	 * the resident layers. */
+	bool (*present)(const struct model *m);
+	/* Should unit u of m be in the memfd for it? */
+	bool (*wants)(const struct model *m, unsigned u);
+	/* Unit u is read into the memfd: hand it over, answer what waited. */
+	void (*unit_ready)(struct model *m, unsigned u);
+	/* Unit u could not be read: fail what waited for it. */
+	void (*unit_failed)(struct model *m, unsigned u);
+	/* Is something being served from unit u's memfd pages (it must stay)? */
+	bool (*holds)(const struct model *m, unsigned u);
+	/* After each eviction step: bring its own memory in line (may be NULL). */
+	void (*advance)(struct model *m);
+	/* Bytes of m's allowance it holds outside the memfd (may be NULL). */
+	uint64_t (*held)(const struct model *m);
+	/* A read of its own (tag->owner) completed (may be NULL: none). */
+	void (*io_done)(struct io_tag *tag, int err, uint64_t bytes, bool last);
+	/* Memory it needs beside the models' pages, once, in every plan. */
+	uint64_t fixed_bytes;
+};
+extern const struct consumer_ops pager_uffd_ops, pager_fuse_ops;
+
 struct pager {
 	struct pager_fuse *fuse; /* NULL without --fuse */
+	/* the engines always; the mount's readers with --fuse */
+	const struct consumer_ops *consumers[2];
+	unsigned n_consumers;
 	struct pager_config cfg;
 	unsigned window;
 	int epfd, lfd, sfd;
@@ -276,21 +317,32 @@ int pager_plan_init(struct model *m);
 void pager_plan(struct pager *p);
 void pager_replan(struct pager *p);
 void pager_policy_advance(struct model *m);
-void pager_map_unit(struct client *c, unsigned u);
-void pager_on_uffd(struct client *c);
 void pager_io_done(void *tag, int err, uint64_t bytes, bool last, void *arg);
 void pager_place(struct model *m, pid_t pid);
 bool pager_page_shared(const struct model *m, unsigned u, uint64_t off);
+/* Unit u's own pages in its extent i (without a boundary page another unit
+ * shares); false if none.  All of them, up to max ranges (0: more). */
+bool pager_own_range(const struct model *m, unsigned u, unsigned i, struct pager_extent *own);
+unsigned pager_own_ranges(const struct model *m, unsigned u, struct pager_extent *out,
+			  unsigned max);
 bool pager_wants_mem(const struct model *m, unsigned u);
-bool pager_fuse_wants(const struct model *m, unsigned u);
-bool pager_fuse_store_due(const struct model *m, unsigned u);
+/* Is streamed unit u in or just ahead of a client of m of this kind? */
+bool pager_needed_by(const struct model *m, unsigned u, enum cstate kind);
 
 /* residency.c: streaming slots */
 int pager_slots_create(struct model *m);
 void pager_slots_destroy(struct model *m);
+/* Every client maps unit u from the memfd again: its slot is free. */
+void pager_slot_vacated(struct model *m, unsigned u);
+
+/* uffd.c: the engines' faults and the slots they map */
+void pager_map_unit(struct client *c, unsigned u);
+void pager_on_uffd(struct client *c);
 void pager_slots_attach(struct client *c);
 void pager_on_remapped(struct client *c, uint32_t seq);
 void pager_slots_forget(struct client *c);
+void pager_uffd_slot_in(struct model *m, unsigned u);
+unsigned pager_uffd_slot_out(struct model *m, unsigned u);
 
 /* pressure.c */
 /* Open the PSI trigger (p->pressure.fd).  0 or -errno. */
@@ -347,9 +399,6 @@ void pager_drop_client(struct client *c, const char *why);
 /* fuse.c: the FUSE front end (see there) */
 int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen);
 void pager_fuse_event(struct pager *p, void *ptr);
-void pager_fuse_advance(struct model *m);
-void pager_fuse_staged(struct io_tag *tag, int err, uint64_t bytes, bool last);
-void pager_fuse_direct_done(struct io_tag *tag, int err, uint64_t bytes, bool last);
 /* Memory for the mount's staging slots: in every plan with a mount. */
 /* Sparse blocks kept before all are dropped (residency.c). */
 #define PAGER_SPARSE_CAP (32ull << 20)
@@ -357,9 +406,6 @@ void pager_fuse_direct_done(struct io_tag *tag, int err, uint64_t bytes, bool la
 #define PAGER_FUSE_SLOT (4u << 20)
 #define PAGER_FUSE_STAGING ((uint64_t)PAGER_FUSE_SLOTS * PAGER_FUSE_SLOT)
 void pager_fuse_stop(struct pager *p);
-void pager_fuse_unit_ready(struct model *m);
-void pager_fuse_unit_failed(struct model *m, unsigned u);
-bool pager_fuse_waits_for(const struct model *m, unsigned u);
 
 /* status.c */
 void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size_t *len);
