@@ -33,6 +33,9 @@ struct plan_model {
 	unsigned n_layers;
 	unsigned window;      /* streamed layers read ahead */
 	unsigned shed;        /* layers memory pressure demoted */
+	/* predicted decode tok/s with 0..n_layers layers resident (n_layers + 1
+	 * values, the speed predictor's), or NULL: nothing decoded yet */
+	const double *tps;
 	/* out */
 	uint64_t allowance;   /* what it may hold; UINT64_MAX: no limit */
 	unsigned n_resident;  /* layers kept resident */
@@ -48,6 +51,7 @@ struct plan {
 	uint64_t minimum;  /* the models' minimums together */
 	uint64_t engines;  /* kept for engines: their declarations or the mode's room */
 	uint64_t layers;   /* for resident layers, all models */
+	bool by_gain;      /* they were shared by predicted gain, not equally */
 };
 
 /* What streaming a model needs at least: its other tensors (`other`: unit

@@ -28,6 +28,10 @@
 #include "proto_i.h"
 
 #define NEW_WEIGHT 0.25
+/* With several models, the budget is shared again by the predictor's
+ * curves (plan.c) at a model's first report, and once the median of a few
+ * has left its first token (the model coming into memory) behind. */
+#define PLAN_AFTER_REPORTS 4
 #define MIN_BUSY_NS 50000000ull /* a second with this much reading counts */
 
 static double blend(double avg, double x)
@@ -72,6 +76,8 @@ void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns,
 	sp->wall_ns = sample(sp->wall, k, sp->reports, (double)wall_ns / tokens);
 	sp->compute_ns = sample(sp->compute, k, sp->reports, compute);
 	sp->tokens += tokens;
+	if ((sp->reports == 1 || sp->reports == PLAN_AFTER_REPORTS) && m->p->n_models > 1)
+		pager_replan(m->p);
 	if (n_layers != L || !L)
 		return;
 	for (unsigned l = 0; l < L; l++)

@@ -478,7 +478,8 @@ int pager_plan_init(struct model *m)
 	unsigned L = m->lay->n_layers;
 
 	m->rank = calloc(L ? L : 1, sizeof(*m->rank));
-	if (!m->rank)
+	m->plan_tps = calloc(L + 1, sizeof(*m->plan_tps));
+	if (!m->rank || !m->plan_tps)
 		return -ENOMEM;
 	return plan_order(L, m->rank);
 }
@@ -558,6 +559,10 @@ void pager_plan(struct pager *p)
 		pm->n_layers = L;
 		pm->window = p->window;
 		pm->shed = m->shed;
+		pm->tps = m->plan_tps;
+		for (unsigned r = 0; r <= L && pm->tps; r++)
+			if (!((m->plan_tps[r] = pager_predict_tps(m, r)) > 0))
+				pm->tps = NULL; /* nothing decoded yet */
 	}
 	plan_compute(&p->plan, p->plan_models, p->n_models);
 	for (unsigned i = 0; i < p->n_models; i++) {

@@ -568,6 +568,7 @@ static void close_model(struct model *m)
 		pager_slots_destroy(m);
 	free(m->us);
 	free(m->rank);
+	free(m->plan_tps);
 	pager_layout_destroy(m->lay);
 	free(m->path);
 	free(m->real);

@@ -118,6 +118,7 @@ struct model {
 	struct ustat *us;
 	struct waiter **waiters; /* per unit */
 	unsigned *rank;          /* per layer: its place in the residency order */
+	double *plan_tps;        /* predicted tok/s with 0..L resident, for the plan */
 	unsigned n_resident;     /* layers planned resident: rank < n_resident */
 	unsigned shed;           /* layers demoted by memory pressure */
 	unsigned copies;         /* of the resident layers, as planned: 2 with

@@ -150,6 +150,10 @@ static void render_plan(struct sbuf *s, const struct pager *p)
 	sb(s, "plan          %s: streaming needs %.1f MiB; %s (%.1f MiB for engines)\n",
 	   plan_mode_name(p->plan.mode), p->plan.minimum / 1048576.0, why[p->plan.mode],
 	   p->plan.engines / 1048576.0);
+	if (p->n_models > 1)
+		sb(s, "              the models share the layers' memory %s\n",
+		   p->plan.by_gain ? "by the speed each gains from it (predicted)"
+				   : "equally, until an engine has decoded with each");
 	if (ps->fd < 0) {
 		sb(s, "pressure      not watched%s\n", p->cfg.no_pressure ? " (--no-pressure)" : "");
 		return;
@@ -188,12 +192,14 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		sb(&s, "\", \"limit_bytes\": %llu, \"reserve_bytes\": %llu}, ",
 		   (unsigned long long)p->budget.limit, (unsigned long long)p->budget.reserve);
 		sb(&s, "\"plan\": {\"mode\": \"%s\", \"minimum_bytes\": %llu, "
-		       "\"engines_bytes\": %llu, \"engine_limit_bytes\": %llu, \"layers_bytes\": %llu}, ",
+		       "\"engines_bytes\": %llu, \"engine_limit_bytes\": %llu, \"layers_bytes\": %llu, "
+		       "\"shared_by\": \"%s\"}, ",
 		   plan_mode_name(p->plan.mode), (unsigned long long)p->plan.minimum,
 		   (unsigned long long)p->plan.engines,
 		   (unsigned long long)(p->cfg.budget && p->cfg.budget > p->plan.minimum
 					? p->cfg.budget - p->plan.minimum : 0),
-		   (unsigned long long)(p->plan.layers == UINT64_MAX ? 0 : p->plan.layers));
+		   (unsigned long long)(p->plan.layers == UINT64_MAX ? 0 : p->plan.layers),
+		   p->plan.by_gain ? "gain" : "equal");
 		sb(&s, "\"pressure\": {\"watching\": \"");
 		sb_json(&s, ps->fd >= 0 ? ps->path : "");
 		sb(&s, "\", \"stall_us_per_s\": %.0f, \"sheds\": %llu, \"helped\": %llu, "

@@ -560,6 +560,31 @@ def case_plan():
     check("plan: speed keeps more layers than balanced, balanced more than context",
           planned["speed"] > planned["balanced"] > planned["context"], str(planned))
 
+    # Two models: shared equally until an engine has decoded with each, then
+    # by what the predictor says each gains; within the budget either way.
+    m2 = long_model(16)
+    d = Daemon([m, m2])
+    top = d.status()
+    layer = max(l["bytes"] for l in top["models"][0]["layers"])
+    budget = top["plan"]["minimum_bytes"] + 6 * layer + (24 << 20)  # and a short context
+    d.stop()
+    d = Daemon([m, m2], "--budget", str(budget))
+    before = d.status()["plan"]["shared_by"]
+    runs = [subprocess.run([STRATA, "run", "-m", x, "--pager", d.sock, "-p", "hello", "-n", "8",
+                            "-c", "256", "-b", "32", "--temp", "0"], capture_output=True, text=True, timeout=120)
+            for x in (m, m2)]
+    top = d.status()
+    text = subprocess.run([CTL, "--socket", d.sock, "status"], capture_output=True,
+                          text=True).stdout
+    d.stop()
+    held = sum(x["allowance_bytes"] for x in top["models"])
+    check("plan: two models share equally before either decoded, by predicted gain after",
+          before == "equal" and top["plan"]["shared_by"] == "gain" and
+          all(r.returncode == 0 for r in runs) and "by the speed each gains" in text,
+          f"{before} -> {top['plan']['shared_by']}; {[r.stderr[-200:] for r in runs]}")
+    check("plan: shared by gain, the allowances stay within the budget",
+          held <= budget, f"{held} > {budget}")
+
 
 def device_key(path):
     st = os.stat(path)

@@ -1,13 +1,15 @@
 /*
  * test_plan.c - the residency plan as arithmetic (pager/plan.c), without a
- * daemon: minimums, budgets, modes, several models, pressure's shedding and
- * its restoring, the spread order.
+ * daemon: minimums, budgets, modes, several models (equal shares, and by
+ * the gain the speed predictor expects), pressure's shedding and its
+ * restoring, the spread order.
  *
  * Shapes are 8B-like (32 layers of 117 MiB, 650 MiB of other tensors) and
  * 1B-like; sizes in MiB to keep the cases readable.
  */
 #include "plan_i.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +160,80 @@ static void several_models(void)
 	      two[0].n_resident, two[1].n_resident);
 }
 
+/* The predictor's curve for a 32-layer model of 117 MiB layers: a token
+ * takes the longer of its compute (compute_s) and reading its streamed
+ * layers at 2 GB/s (pager/predict.c); the first r of the spread order are
+ * resident. */
+static void curve(double *tps, double compute_s)
+{
+	for (unsigned r = 0; r <= 32; r++) {
+		double read_s = (32 - r) * 117.0 * MiB / 2e9;
+
+		tps[r] = 1 / (read_s > compute_s ? read_s : compute_s);
+	}
+}
+
+/* The sum of the logarithms of the speeds the plan predicts. */
+static double log_speed(const struct plan_model *ms, unsigned n)
+{
+	double s = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		s += log(ms[i].tps[ms[i].n_resident]);
+	return s;
+}
+
+static void by_gain(void)
+{
+	double fast[33], slow[33], same[33];
+	struct plan_model ms[2] = { model(32, 117, 650), model(32, 117, 650) };
+	struct plan pl = { .budget = 4096 * MiB, .resident = -1 };
+
+	curve(fast, 0.25);
+	curve(slow, 3.0); /* its compute hides every read: layers buy nothing */
+	curve(same, 0.25);
+	plan_compute(&pl, ms, 2);
+	check(!pl.by_gain && ms[0].n_resident == 8 && ms[1].n_resident == 8,
+	      "no speed known yet: equal shares (%u, %u)", ms[0].n_resident, ms[1].n_resident);
+
+	ms[0].tps = fast;
+	plan_compute(&pl, ms, 2);
+	check(!pl.by_gain, "one model's speed known, not the other's: still equal shares");
+
+	ms[1].tps = slow;
+	plan_compute(&pl, ms, 2);
+	/* 4096 - 2 x 1001 MiB = 2094 MiB: 17 layers of 117 in one model (two
+	 * equal shares held 8 each) */
+	check(pl.by_gain && ms[0].n_resident == 17 && ms[1].n_resident == 0,
+	      "a model whose compute hides its reads gets no layers; the other all 17 (%u, %u)",
+	      ms[0].n_resident, ms[1].n_resident);
+	check(ms[0].allowance + ms[1].allowance <= pl.budget &&
+		      ms[1].allowance >= ms[1].minimum,
+	      "by gain: within the budget, and every model still gets its minimum");
+
+	ms[1].tps = same;
+	plan_compute(&pl, ms, 2);
+	double gain = log_speed(ms, 2);
+	unsigned a = ms[0].n_resident, b = ms[1].n_resident;
+	struct plan_model eq[2] = { ms[0], ms[1] };
+	eq[0].n_resident = eq[1].n_resident = 8;
+	check(a + b >= 16 && gain >= log_speed(eq, 2) - 1e-9,
+	      "two alike: the split (%u, %u) predicts at least the speed of equal shares "
+	      "(product of speeds %.3f >= %.3f)", a, b, exp(gain), exp(log_speed(eq, 2)));
+
+	struct plan_model three[3] = { model(32, 117, 650), model(32, 117, 650), model(12, 1, 1) };
+	double tiny[13];
+
+	for (unsigned r = 0; r <= 12; r++)
+		tiny[r] = 100 + r;
+	three[0].tps = fast;
+	three[1].tps = slow;
+	three[2].tps = tiny;
+	plan_compute(&pl, three, 3);
+	check(three[2].n_resident == 12, "by gain too, a small model is held whole (%u)",
+	      three[2].n_resident);
+}
+
 static void shedding(void)
 {
 	struct plan_model m = model(32, 117, 650);
@@ -210,6 +286,7 @@ int main(void)
 	declared();
 	modes();
 	several_models();
+	by_gain();
 	shedding();
 	order();
 	printf("%s\n", failures ? "FAILED" : "all plan tests passed");
