@@ -88,12 +88,18 @@ void pager_predict_pass(struct client *c, uint32_t tokens, uint64_t wall_ns,
 	outside = outside_us * 1e3 / tokens;
 	k = sp->layers++ % SPEED_SAMPLES;
 	sp->outside_ns = sample(sp->outside, k, sp->layers, outside);
+	sp->last_full = n_res == L;
 	if (!n_res)
 		return;
 	res /= n_res;
 	k = sp->n_res++ % SPEED_SAMPLES;
 	sp->resident_ns = sample(sp->resident, k, sp->n_res, res);
-	if (n_res < L) {
+	if (n_res == L) {
+		double slack = compute - outside - L * res;
+
+		k = sp->n_slack++ % SPEED_SAMPLES;
+		sp->slack_ns = sample(sp->slack, k, sp->n_slack, slack > 0 ? slack : 0);
+	} else {
 		double str = (compute - outside - n_res * res) / (L - n_res);
 
 		k = sp->n_str++ % SPEED_SAMPLES;
@@ -123,7 +129,12 @@ double pager_predict_gbps(const struct pager *p)
 
 /* A token's compute with n layers resident: from the per-layer times when
  * there are some (a streamed layer costs at least what a resident one
- * does), else what the engines measured at the plan they ran. */
+ * does), else what the engines measured at the plan they ran.  The CPU
+ * times leave out the time the engine's thread is off its core (waiting
+ * for the other threads at a barrier, preempted); while streaming, the
+ * streamed layers' share takes that in (it is the rest of the measured
+ * compute), and with every layer resident the slack does, so the plan the
+ * engine runs predicts what it measured. */
 static double compute_ns(const struct model *m, unsigned n)
 {
 	const struct speed *sp = &m->speed;
@@ -134,7 +145,7 @@ static double compute_ns(const struct model *m, unsigned n)
 		return sp->compute_ns; /* nothing resident yet to learn from */
 	if (!sp->n_str || str < res)
 		str = res;
-	return sp->outside_ns + n * res + (L - n) * str;
+	return sp->outside_ns + n * res + (L - n) * str + (sp->last_full ? sp->slack_ns : 0);
 }
 
 double pager_predict_tps(const struct model *m, unsigned n)

@@ -105,6 +105,12 @@ struct speed {
 	double outside[SPEED_SAMPLES], resident[SPEED_SAMPLES], streamed[SPEED_SAMPLES];
 	unsigned layers, n_res, n_str;
 	double outside_ns, resident_ns, streamed_ns;
+	/* with every layer resident: the compute the CPU times leave out (the
+	 * engine thread off its core: barrier waits, preemption) */
+	double slack[SPEED_SAMPLES];
+	unsigned n_slack;
+	double slack_ns;
+	bool last_full; /* the last report had every layer resident */
 };
 
 struct model {
