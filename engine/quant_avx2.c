@@ -593,33 +593,60 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
 
 /* ---- Q4_K, Q5_K ------------------------------------------------------- */
 
-/* The 6-bit scales and mins (see quant_ref.c's k4_scale_min). */
-static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
+/*
+ * The 12 scale bytes b0..b11 (loaded with the 4 bytes after them) to
+ * [sc0..sc7, mn0..mn7] (see quant_ref.c's k4_scale_min):
+ *   sc_j = b_j & 63, mn_j = b_{j+4} & 63                          (j < 4)
+ *   sc_{j+4} = (b_{j+8} & 15) | (b_j >> 6) << 4
+ *   mn_{j+4} = (b_{j+8} >> 4) | (b_{j+4} >> 6) << 4
+ * in vector registers: three pshufbs and a few masks, where unpacking byte
+ * by byte took some forty general-register operations a block and the
+ * moves into vector registers after them.  The 16-bit shifts pull bits of
+ * the next byte into the top of the low one; the masks drop them.
+ */
+static inline __m128i k4_scales_mins(const uint8_t *p)
 {
-	for (int j = 0; j < 4; j++) {
-		sc[j] = q[j] & 63;
-		mn[j] = q[j + 4] & 63;
-		sc[j + 4] = (uint8_t)((q[j + 8] & 0x0f) | ((q[j] >> 6) << 4));
-		mn[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
-	}
+	const __m128i v = _mm_loadu_si128((const void *)p);
+	/* [b0..3, b8..11, b4..7, -] & [63, 15, 63, 0] */
+	const __m128i lo = _mm_and_si128(
+		_mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
+		_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+	/* [-, -, -, b8..11 >> 4] */
+	const __m128i hi = _mm_and_si128(
+		_mm_shuffle_epi8(_mm_srli_epi16(v, 4),
+				 _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11)),
+		_mm_set1_epi8(0x0f));
+	/* [-, b0..3, -, b4..7] >> 6 << 4 */
+	const __m128i top = _mm_and_si128(
+		_mm_srli_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1,
+								  -1, 4, 5, 6, 7)),
+			       2),
+		_mm_set1_epi8(0x30));
+
+	return _mm_or_si128(_mm_or_si128(lo, hi), top);
 }
 
 /*
  * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
  * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
- * no saturation), then madd with the sub-block scale into int32 lanes.  The
- * mins term is accumulated as ggml's AVX2 kernels do it (the reference
- * engine's results depend on the float order): bsums summed in pairs (hadd),
- * times the mins (madd) into 4 int32 lanes.  Q4_K then adds those lanes
- * with one FMA per block into 4 float lanes, reduced at the end; Q5_K sums
- * them to one integer and accumulates dmin * that in a scalar (ggml's
- * "summs += dmin * hsum", contracted to an FMA in its -march=native build).
+ * no saturation), then madd with the sub-block scale (an int16 pair put in
+ * every lane by one pshufb) into int32 lanes.  The mins term is accumulated
+ * as ggml's AVX2 kernels do it (the reference engine's results depend on
+ * the float order): bsums summed in pairs (hadd), times the mins (madd)
+ * into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
+ * into 4 float lanes, reduced at the end; Q5_K sums them to one integer and
+ * accumulates dmin * that in a scalar (ggml's "summs += dmin * hsum",
+ * contracted to an FMA in its -march=native build).  The row K_PREFETCH_ROWS
+ * ahead is prefetched at the pace this one is read (quant_x86_i.h).
  */
-static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a, bool five)
+static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out, const void *w,
+							     const void *a, bool five)
 {
 	const struct eng_block_q4_k *x4 = w;
 	const struct eng_block_q5_k *x5 = w;
 	const struct eng_block_q8_k *y = a;
+	const size_t bsize = five ? sizeof(*x5) : sizeof(*x4);
+	const char *pf = (const char *)w + K_PREFETCH_ROWS * (n / ENG_QK_K) * bsize;
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 	const __m256i sixteen = _mm256_set1_epi8(16);
 	__m256 acc = _mm256_setzero_ps();
@@ -628,22 +655,23 @@ static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a,
 
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		const uint8_t *qs = five ? x5[i].qs : x4[i].qs;
-		const uint8_t *scales = five ? x5[i].scales : x4[i].scales;
 		const float d = y[i].d * fp16(five ? x5[i].d : x4[i].d);
 		const float dmin = -y[i].d * fp16(five ? x5[i].dmin : x4[i].dmin);
 		const int8_t *q8 = y[i].qs;
 		__m256i hbits = _mm256_setzero_si256();
 		__m256i sumi = _mm256_setzero_si256();
-		uint8_t sc[8], mn[8];
-		int16_t mn16[8];
 
-		k4_unpack(scales, sc, mn);
-		for (int j = 0; j < 8; j++)
-			mn16[j] = mn[j];
+		/* the lines of block i of that row: three (144 or 176 bytes) */
+		for (int l = 0; l < 3; l++)
+			_mm_prefetch(pf + i * bsize + 64 * l, _MM_HINT_T1);
+
+		const __m128i sm = k4_scales_mins(five ? x5[i].scales : x4[i].scales);
+		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
+		const __m256i scales = _mm256_set_m128i(sc16, sc16);
 		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
 		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
 						   _mm256_extracti128_si256(bs, 1));
-		const __m128i prod = _mm_madd_epi16(_mm_loadu_si128((const void *)mn16), q8s);
+		const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), q8s);
 
 		if (five) {
 			summs = fmaf(dmin, (float)hsum_i32x4(prod), summs);
@@ -653,6 +681,11 @@ static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a,
 		}
 
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
+			/* int16 scale 2j (2j + 1) in every lane: bytes 4j, 4j + 1 */
+			const __m256i scale_l = _mm256_shuffle_epi8(
+				scales, _mm256_set1_epi16((short)(0x0100 * (4 * j + 1) + 4 * j)));
+			const __m256i scale_h = _mm256_shuffle_epi8(
+				scales, _mm256_set1_epi16((short)(0x0100 * (4 * j + 3) + 4 * j + 2)));
 			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
 			__m256i ql = _mm256_and_si256(bits, m4);
 			__m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
@@ -668,10 +701,8 @@ static inline void dot_q45_k(size_t n, float *out, const void *w, const void *a,
 			}
 			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
 			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
-			const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, yl),
-							     _mm256_set1_epi16(sc[2 * j]));
-			const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, yh),
-							     _mm256_set1_epi16(sc[2 * j + 1]));
+			const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, yl), scale_l);
+			const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, yh), scale_h);
 
 			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
 		}
@@ -701,23 +732,37 @@ static void vec_dot_q5_k_q8_k(size_t n, float *out, const void *w, const void *a
 /*
  * Unsigned 6-bit q times y minus 32 * y, in 16 bits (|pair| <= 2^13), then
  * madd with the signed scales: the low 128-bit lane of each 32 activations
- * holds elements 0-15 (scale 2k), the high lane 16-31 (scale 2k+1).
+ * holds elements 0-15 (scale 2k), the high lane 16-31 (scale 2k+1).  The
+ * sixteen scales are widened once a block and each pair put in place by one
+ * pshufb; the row K_PREFETCH_ROWS ahead is prefetched (quant_x86_i.h).
  */
 static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a)
 {
 	const struct eng_block_q6_k *x = w;
 	const struct eng_block_q8_k *y = a;
 	const __m256i m32 = _mm256_set1_epi8(32);
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
+	__m256i shuf[4];
 	__m256 acc = _mm256_setzero_ps();
 
+	for (int k = 0; k < 4; k++)
+		shuf[k] = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
+					   _mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k)));
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		const float d = y[i].d * fp16(x[i].d);
+		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
 		__m256i sumi = _mm256_setzero_si256();
+
+		/* the lines of block i of that row, 210 bytes: four or five (the
+		 * fifth is the next block's first) */
+		for (int l = 0; l < 4; l++)
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
 
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
-			const int8_t *sc = x[i].scales + 8 * h;
 			const int8_t *q8 = y[i].qs + 128 * h;
+			/* scales 8h .. 8h + 7 in both halves */
+			const __m256i sch = _mm256_permute4x64_epi64(sc16, h ? 0xee : 0x44);
 			__m256i q[4];
 
 			q6_k_unpack(ql, qhp, q);
@@ -725,10 +770,9 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
 				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk),
 								     _mm256_maddubs_epi16(m32, yk));
-				const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]),
-								   _mm_set1_epi16(sc[2 * k]));
 
-				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, s));
+				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(
+					p16, _mm256_shuffle_epi8(sch, shuf[k])));
 			}
 		}
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
