@@ -17,6 +17,7 @@
 
 static int gemma2_hparams(struct eng_model *m, char *err, size_t errlen);
 static int gemma3_hparams(struct eng_model *m, char *err, size_t errlen);
+static int qwen35_hparams(struct eng_model *m, char *err, size_t errlen);
 
 /* Per architecture, what is not llama's; plus a hook for keys of its own. */
 static const struct arch {
@@ -39,6 +40,11 @@ static const struct arch {
 	{ { .name = "phi3", .id = ENG_ARCH_PHI3, .rope = ENG_ROPE_NEOX, .fused_qkv = true,
 	    .fused_gate_up = true, .q_prescale = true },
 	  NULL },
+	/* Its RoPE is the reference's multi-section kind, which for text (every
+	 * section at the token's position) is NeoX's over rope.dimension_count. */
+	{ { .name = "qwen35", .id = ENG_ARCH_QWEN35, .rope = ENG_ROPE_NEOX, .qk_norm = true,
+	    .gated_q = true, .ffn_norm = "post_attention_norm", .hybrid = true },
+	  qwen35_hparams },
 };
 
 #define N_ARCHS (sizeof(archs) / sizeof(archs[0]))
@@ -128,6 +134,37 @@ static int gemma3_hparams(struct eng_model *m, char *err, size_t errlen)
 	return 0;
 }
 
+static int qwen35_hparams(struct eng_model *m, char *err, size_t errlen)
+{
+	struct eng_hparams *hp = &m->hp;
+	const char *a = "qwen35";
+	int rc;
+
+	if ((rc = get_u32(m->g, a, "ssm.conv_kernel", &hp->ssm_d_conv, true, 0, err, errlen)) ||
+	    (rc = get_u32(m->g, a, "ssm.state_size", &hp->ssm_d_state, true, 0, err, errlen)) ||
+	    (rc = get_u32(m->g, a, "ssm.group_count", &hp->ssm_n_k_heads, true, 0, err,
+			  errlen)) ||
+	    (rc = get_u32(m->g, a, "ssm.time_step_rank", &hp->ssm_n_v_heads, true, 0, err,
+			  errlen)) ||
+	    (rc = get_u32(m->g, a, "ssm.inner_size", &hp->ssm_d_inner, true, 0, err, errlen)) ||
+	    (rc = get_u32(m->g, a, "full_attention_interval", &hp->full_attn_interval, false, 4,
+			  err, errlen)))
+		return rc;
+	/* k and v heads of one size (the reference asserts it), v heads a
+	 * multiple of k heads */
+	if (hp->ssm_d_conv == 0 || hp->ssm_d_conv > 64 || hp->ssm_d_state == 0 ||
+	    hp->ssm_d_state > 1024 || hp->ssm_n_k_heads == 0 || hp->ssm_n_v_heads == 0 ||
+	    hp->ssm_n_v_heads > 1024 || hp->ssm_n_v_heads % hp->ssm_n_k_heads ||
+	    hp->ssm_d_inner != hp->ssm_n_v_heads * hp->ssm_d_state ||
+	    hp->full_attn_interval == 0)
+		return load_err(err, errlen,
+				"invalid DeltaNet dimensions: conv %u, state %u, k heads %u, v heads "
+				"%u, inner %u, full attention every %u",
+				hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_n_k_heads,
+				hp->ssm_n_v_heads, hp->ssm_d_inner, hp->full_attn_interval);
+	return 0;
+}
+
 /* RoPE scaling: none, linear (positions divided by the factor), or, for
  * phi3, longrope (per-pair factors from rope_factors_{long,short}, bound by
  * the loader).  The llama3 scheme comes as a rope_freqs tensor. */
@@ -190,7 +227,7 @@ int arch_load_hparams(struct eng_model *m, char *err, size_t errlen)
 	if (!arch) {
 		snprintf(err, errlen,
 			 "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
-			 "gemma3, phi3 are)",
+			 "gemma3, phi3, qwen35 are)",
 			 (int)(s.len > 64 ? 64 : s.len), s.ptr);
 		return -ENOTSUP;
 	}

@@ -33,6 +33,7 @@ enum eng_arch {
 	ENG_ARCH_GEMMA2,
 	ENG_ARCH_GEMMA3,
 	ENG_ARCH_PHI3,
+	ENG_ARCH_QWEN35,
 };
 
 enum eng_rope_kind {
@@ -66,6 +67,14 @@ struct eng_hparams {
 	uint32_t n_swa;         /* sliding window in tokens; 0: none */
 	uint32_t swa_period;    /* layer l slides if l % period < period - 1 */
 	bool tied_output;
+	/* Gated DeltaNet (qwen35): the layers l with (l + 1) % full_attn_interval
+	 * != 0 are recurrent, the others attention */
+	uint32_t full_attn_interval; /* 0: no recurrent layers */
+	uint32_t ssm_d_conv;         /* causal convolution width */
+	uint32_t ssm_d_state;        /* head size of k and v */
+	uint32_t ssm_n_k_heads;      /* ssm.group_count */
+	uint32_t ssm_n_v_heads;      /* ssm.time_step_rank */
+	uint32_t ssm_d_inner;        /* value_dim = n_v_heads * d_state */
 	uint64_t file_bytes;
 	uint64_t weight_bytes;  /* sum of all tensor sizes */
 	char name[128];         /* general.name, for messages */

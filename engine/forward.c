@@ -97,14 +97,33 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 		eng_ctx_destroy(c);
 		return rc;
 	}
-	kv_elems = (size_t)hp->n_layer * c->n_ctx * c->kv_dim;
+	/* only attention layers hold KV cache; a hybrid's recurrent layers
+	 * hold a small state each instead */
+	kv_elems = (size_t)m->n_kv_layers * c->n_ctx * c->kv_dim;
 	c->kcache = xcalloc(c, kv_elems, sizeof(eng_fp16_t));
 	c->vcache = xcalloc(c, kv_elems, sizeof(eng_fp16_t));
 	max_in = hp->n_embd > c->q_dim ? hp->n_embd : c->q_dim;
+	max_in = max_in > hp->ssm_d_inner ? max_in : hp->ssm_d_inner;
 	c->x = xcalloc(c, (size_t)c->n_batch * hp->n_embd, sizeof(float));
 	c->xb = xcalloc(c, (size_t)c->n_batch * max_in, sizeof(float));
 	c->xb2 = xcalloc(c, (size_t)c->n_batch * max_in, sizeof(float));
-	c->q = xcalloc(c, (size_t)c->n_batch * c->q_dim, sizeof(float));
+	c->q = xcalloc(c, (size_t)c->n_batch * c->q_dim * (m->arch->gated_q ? 2 : 1),
+		       sizeof(float));
+	c->qgate = xcalloc(c, m->arch->gated_q ? (size_t)c->n_batch * c->q_dim : 0, sizeof(float));
+	if (m->n_rs_layers) {
+		size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
+
+		c->conv_state = xcalloc(c, (size_t)m->n_rs_layers * (hp->ssm_d_conv - 1) * conv_dim,
+					sizeof(float));
+		c->ssm_state = xcalloc(c, (size_t)m->n_rs_layers * hp->ssm_n_v_heads *
+						  hp->ssm_d_state * hp->ssm_d_state,
+				       sizeof(float));
+		c->ssm_buf = xcalloc(c, (size_t)c->n_batch * (conv_dim + 2 * hp->ssm_d_inner +
+							     2 * hp->ssm_n_v_heads),
+				     sizeof(float));
+		if (!c->conv_state || !c->ssm_state || !c->ssm_buf)
+			goto oom;
+	}
 	c->kb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
 	c->vb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
 	c->hb = xcalloc(c, (size_t)c->n_batch * hp->n_ff, sizeof(float));
@@ -125,7 +144,7 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
 	if (!c->kcache || !c->vcache || !c->x || !c->xb || !c->xb2 || !c->q || !c->kb || !c->vb ||
 	    !c->hb || !c->hb2 || !c->att || !c->vrow || !c->vacc || !c->q16 || !c->logits ||
-	    !c->theta[0] || !c->theta[1] || !c->qact || !c->layer_ns)
+	    !c->theta[0] || !c->theta[1] || !c->qact || !c->layer_ns || !c->qgate)
 		goto oom;
 
 	/* theta for pair i at position p is p * freq_scale * base^(-2i/n_rot)
@@ -182,6 +201,10 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->vacc);
 	free(c->q16);
 	free(c->logits);
+	free(c->qgate);
+	free(c->conv_state);
+	free(c->ssm_state);
+	free(c->ssm_buf);
 	free(c->theta[0]);
 	free(c->theta[1]);
 	free(c->qact);
@@ -216,12 +239,23 @@ uint32_t eng_ctx_n_past(const struct eng_ctx *c)
 
 void eng_ctx_reset(struct eng_ctx *c)
 {
+	const struct eng_hparams *hp = &c->m->hp;
+
 	c->n_past = 0;
+	/* a new sequence: the recurrent layers start from zero */
+	if (c->m->n_rs_layers) {
+		size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
+
+		memset(c->conv_state, 0, (size_t)c->m->n_rs_layers * (hp->ssm_d_conv - 1) *
+						 conv_dim * sizeof(float));
+		memset(c->ssm_state, 0, (size_t)c->m->n_rs_layers * hp->ssm_n_v_heads *
+						hp->ssm_d_state * hp->ssm_d_state * sizeof(float));
+	}
 }
 
 /* ---- the blocks ------------------------------------------------------- */
 
-static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
 {
 	double ss = 0;
 
@@ -324,7 +358,7 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 	const struct eng_hparams *hp = &c->m->hp;
 	const struct layer_w *lw = &c->m->layers[j->layer];
 	uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-	size_t layer_off = (size_t)j->layer * c->n_ctx * c->kv_dim;
+	size_t layer_off = (size_t)lw->slot * c->n_ctx * c->kv_dim;
 	float *att = c->att + (size_t)ith * c->n_ctx;
 	float *vrow = c->vrow + (size_t)ith * hd;
 	double *vacc = c->vacc + (size_t)ith * hd;
@@ -389,7 +423,7 @@ static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	const struct eng_hparams *hp = &c->m->hp;
 	const struct layer_w *w = &c->m->layers[l];
 	uint32_t E = hp->n_embd, hd = hp->head_dim;
-	size_t layer_off = (size_t)l * c->n_ctx * c->kv_dim;
+	size_t layer_off = (size_t)w->slot * c->n_ctx * c->kv_dim;
 	const float *theta = c->theta[w->local_rope];
 	float freq_scale = w->local_rope ? 1.0f : hp->rope_freq_scale;
 
@@ -401,6 +435,17 @@ static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 
 		matmul_shared(c, 3, ws, outs, c->xb, nb);
 	}
+	/* a gated q (qwen35) came as [q_h | gate_h] per head: q packed to the
+	 * front of c->q, the gates aside */
+	if (c->m->arch->gated_q)
+		for (uint32_t b = 0; b < nb; b++)
+			for (uint32_t h = 0; h < hp->n_head; h++) {
+				const float *src = c->q + ((size_t)b * hp->n_head + h) * 2 * hd;
+
+				memcpy(c->qgate + (size_t)b * c->q_dim + h * hd, src + hd,
+				       hd * sizeof(float));
+				memmove(c->q + (size_t)b * c->q_dim + h * hd, src, hd * sizeof(float));
+			}
 	for (uint32_t b = 0; b < nb; b++) {
 		float *q = c->q + (size_t)b * c->q_dim;
 		float *k = c->kb + (size_t)b * c->kv_dim;
@@ -437,6 +482,9 @@ static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 
 		eng_pool_run(c->pool, attn_worker, &j);
 	}
+	if (c->m->arch->gated_q)
+		for (size_t i = 0; i < (size_t)nb * c->q_dim; i++)
+			c->xb2[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));
 	matmul1(c, &w->wo, c->xb, c->xb2, nb);
 	if (w->post_attn_norm.data)
 		rmsnorm_rows(c->xb, c->xb, &w->post_attn_norm, nb, E, hp->norm_eps);
@@ -474,9 +522,22 @@ static void ffn_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	add(c->x, c->xb, (size_t)nb * E);
 }
 
+/* x += deltanet(rmsnorm(x)): a hybrid's recurrent token mixer */
+static void deltanet_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+
+	rmsnorm_rows(c->xb, c->x, &c->m->layers[l].attn_norm, nb, hp->n_embd, hp->norm_eps);
+	deltanet_forward(c, l, nb);
+	add(c->x, c->xb, (size_t)nb * hp->n_embd);
+}
+
 static void layer_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
-	attention_block(c, l, nb);
+	if (c->m->layers[l].recurrent)
+		deltanet_block(c, l, nb);
+	else
+		attention_block(c, l, nb);
 	ffn_block(c, l, nb);
 }
 

@@ -126,7 +126,8 @@ static int bind_attn(const struct eng_model *m, struct layer_w *lw, uint32_t l, 
 		    (rc = split_rows(&qkv, q_dim, kv_dim, &lw->wk, name, err, errlen)) ||
 		    (rc = split_rows(&qkv, q_dim + kv_dim, kv_dim, &lw->wv, name, err, errlen)))
 			return rc;
-	} else if ((rc = bind_l(m, &lw->wq, l, "attn_q.weight", E, q_dim, false, err, errlen)) ||
+	} else if ((rc = bind_l(m, &lw->wq, l, "attn_q.weight", E,
+				(a->gated_q ? 2 : 1) * q_dim, false, err, errlen)) ||
 		   (rc = bind_l(m, &lw->wk, l, "attn_k.weight", E, kv_dim, false, err, errlen)) ||
 		   (rc = bind_l(m, &lw->wv, l, "attn_v.weight", E, kv_dim, false, err, errlen))) {
 		return rc;
@@ -170,17 +171,57 @@ static int bind_ffn(const struct eng_model *m, struct layer_w *lw, uint32_t l, c
 	return bind_l(m, &lw->down, l, "ffn_down.weight", F, E, false, err, errlen);
 }
 
-static int bind_layer(const struct eng_model *m, struct layer_w *lw, uint32_t l, char *err,
+/* A hybrid's recurrent layer: the Gated DeltaNet's projections, its
+ * convolution kernel (F32, [d_conv, conv_dim]) and per-head gate terms. */
+static int bind_deltanet(const struct eng_model *m, struct layer_w *lw, uint32_t l, char *err,
+			 size_t errlen)
+{
+	const struct eng_hparams *hp = &m->hp;
+	uint64_t key_dim = (uint64_t)hp->ssm_n_k_heads * hp->ssm_d_state;
+	uint64_t conv_dim = 2 * key_dim + hp->ssm_d_inner;
+	uint32_t E = hp->n_embd, H = hp->ssm_n_v_heads;
+	int rc;
+
+	if ((rc = bind_l(m, &lw->ssm_qkv, l, "attn_qkv.weight", E, conv_dim, false, err,
+			 errlen)) ||
+	    (rc = bind_l(m, &lw->ssm_gate, l, "attn_gate.weight", E, hp->ssm_d_inner, false, err,
+			 errlen)) ||
+	    (rc = bind_l(m, &lw->ssm_conv, l, "ssm_conv1d.weight", hp->ssm_d_conv, conv_dim,
+			 false, err, errlen)) ||
+	    (rc = bind_l(m, &lw->ssm_dt, l, "ssm_dt.bias", H, 0, false, err, errlen)) ||
+	    (rc = bind_l(m, &lw->ssm_a, l, "ssm_a", H, 0, false, err, errlen)) ||
+	    (rc = bind_l(m, &lw->ssm_beta, l, "ssm_beta.weight", E, H, false, err, errlen)) ||
+	    (rc = bind_l(m, &lw->ssm_alpha, l, "ssm_alpha.weight", E, H, false, err, errlen)) ||
+	    (rc = bind_l(m, &lw->ssm_norm, l, "ssm_norm.weight", hp->ssm_d_state, 0, false, err,
+			 errlen)) ||
+	    (rc = bind_l(m, &lw->ssm_out, l, "ssm_out.weight", hp->ssm_d_inner, E, false, err,
+			 errlen)))
+		return rc;
+	/* the kernel is read as floats, row by row */
+	if (lw->ssm_conv.type != ENG_TYPE_F32) {
+		snprintf(err, errlen, "tensor 'blk.%u.ssm_conv1d.weight' is %s; it must be F32", l,
+			 eng_type_info(lw->ssm_conv.type)->name);
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
+static int bind_layer(struct eng_model *m, struct layer_w *lw, uint32_t l, char *err,
 		      size_t errlen)
 {
 	const struct eng_hparams *hp = &m->hp;
 	const struct arch_desc *a = m->arch;
 	uint32_t E = hp->n_embd;
+	char ffn_norm[64];
 	int rc;
 
+	lw->recurrent = a->hybrid && (l + 1) % hp->full_attn_interval != 0;
+	lw->slot = lw->recurrent ? m->n_rs_layers++ : m->n_kv_layers++;
+	snprintf(ffn_norm, sizeof(ffn_norm), "%s.weight", a->ffn_norm ? a->ffn_norm : "ffn_norm");
 	if ((rc = bind_l(m, &lw->attn_norm, l, "attn_norm.weight", E, 0, false, err, errlen)) ||
-	    (rc = bind_attn(m, lw, l, err, errlen)) ||
-	    (rc = bind_l(m, &lw->ffn_norm, l, "ffn_norm.weight", E, 0, false, err, errlen)) ||
+	    (rc = lw->recurrent ? bind_deltanet(m, lw, l, err, errlen)
+				: bind_attn(m, lw, l, err, errlen)) ||
+	    (rc = bind_l(m, &lw->ffn_norm, l, ffn_norm, E, 0, false, err, errlen)) ||
 	    (rc = bind_ffn(m, lw, l, err, errlen)))
 		return rc;
 	if (a->post_norms &&
@@ -343,7 +384,9 @@ uint64_t eng_model_token_bytes(const struct eng_model *m)
 		const struct wt *ws[] = {
 			&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk, &l->bv,
 			&l->q_norm, &l->k_norm, &l->post_attn_norm, &l->ffn_norm, &l->gate,
-			&l->up, &l->down, &l->post_ffn_norm,
+			&l->up, &l->down, &l->post_ffn_norm, &l->ssm_qkv, &l->ssm_gate,
+			&l->ssm_conv, &l->ssm_dt, &l->ssm_a, &l->ssm_beta, &l->ssm_alpha,
+			&l->ssm_norm, &l->ssm_out,
 		};
 
 		for (size_t j = 0; j < sizeof(ws) / sizeof(ws[0]); j++)

@@ -1,7 +1,7 @@
 /*
  * model_i.h - what the engine's model files share: the per-architecture
  * description (arch.c), the validated model (model.c), the run state and
- * the blocks of the forward pass (forward.c, matmul.c).
+ * the blocks of the forward pass (forward.c, matmul.c, deltanet.c).
  *
  * An architecture is the llama block plus a few differences, and
  * struct arch_desc lists them; nothing outside arch.c tests an
@@ -11,7 +11,7 @@
  *   x      = embed(token) (* sqrt(n_embd))
  *   per layer:
  *     xb   = rmsnorm(x) * attn_norm
- *     mix  = attention(xb)
+ *     mix  = attention(xb)  or, in a hybrid's recurrent layers, deltanet(xb)
  *     x   += post_attn_norm ? rmsnorm(mix) * post_attn_norm : mix
  *     xb   = rmsnorm(x) * ffn_norm
  *     f    = act(xb @ Wgate) * (xb @ Wup) @ Wdown
@@ -69,14 +69,22 @@ struct arch_desc {
 	uint32_t swa_period; /* layer l slides its window if l % period < period - 1;
 			      * 1: every layer when a window is given; 0: none */
 	float rope_base_local; /* rope base of sliding-window layers; 0: the global one */
+	bool gated_q;       /* attn_q holds q | gate per head; out *= sigmoid(gate) */
+	const char *ffn_norm; /* the pre-FFN norm's name: "ffn_norm" unless said */
+	bool hybrid;        /* Gated DeltaNet layers between attention layers (qwen35) */
 };
 
 /* Per layer.  Tensors an architecture does not have stay zero. */
 struct layer_w {
 	struct wt attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm;
 	struct wt ffn_norm, gate, up, down, post_ffn_norm;
+	/* Gated DeltaNet (recurrent layers of a hybrid) */
+	struct wt ssm_qkv, ssm_gate, ssm_conv, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm,
+		ssm_out;
 	uint32_t n_swa;    /* keys visible to a query: 0 all, else the last n_swa */
 	bool local_rope;   /* rope with rope_base_local */
+	bool recurrent;    /* a DeltaNet layer: no KV cache */
+	uint32_t slot;     /* its slice of the KV cache, or of the recurrent state */
 };
 
 struct eng_model {
@@ -86,6 +94,7 @@ struct eng_model {
 	struct eng_tokenizer *tok;
 	struct wt tok_embd, out_norm, output, rope_freqs, rope_long, rope_short;
 	struct layer_w *layers;
+	uint32_t n_kv_layers, n_rs_layers; /* attention and recurrent layers */
 	bool vocab_only;
 };
 
@@ -107,9 +116,10 @@ struct eng_ctx {
 	struct eng_pool *pool;
 	uint32_t n_ctx, n_batch, n_past, n_threads;
 	uint32_t q_dim, kv_dim;
-	eng_fp16_t *kcache, *vcache; /* [n_layer][n_ctx][kv_dim] */
+	eng_fp16_t *kcache, *vcache; /* [n_kv_layers][n_ctx][kv_dim] */
 	float *x, *xb, *xb2;         /* [n_batch][max(n_embd, q_dim, ...)] */
-	float *q, *kb, *vb;          /* [n_batch][q_dim], [n_batch][kv_dim] x2 */
+	float *q, *kb, *vb;          /* [n_batch][q_dim (x2 gated)], [n_batch][kv_dim] x2 */
+	float *qgate;                /* [n_batch][q_dim] a gated q's gate */
 	float *hb, *hb2;             /* [n_batch][n_ff] */
 	float *att;                  /* [n_threads][n_ctx] scores */
 	float *vrow;                 /* [n_threads][head_dim] f16 -> f32 scratch */
@@ -118,6 +128,10 @@ struct eng_ctx {
 	float *logits;               /* [n_batch][n_vocab] */
 	float *theta[2];             /* [n_rot / 2] per-pair frequency: global, local */
 	float rope_mscale;           /* cos and sin times this (longrope's attn_factor) */
+	/* Gated DeltaNet state and scratch (hybrids only) */
+	float *conv_state;           /* [n_rs_layers][d_conv - 1][conv_dim] */
+	float *ssm_state;            /* [n_rs_layers][n_v_heads][d_state][d_state] */
+	float *ssm_buf;              /* [n_batch][conv_dim + 2 value_dim + 2 n_v_heads] */
 	uint8_t *qact;               /* quantized activations, [n_batch] rows
 				      * (each with its pack8 copy beside it) */
 	size_t qact_stride;
@@ -131,5 +145,13 @@ struct eng_ctx {
 void matmul_shared(struct eng_ctx *c, unsigned n, const struct wt *const *w, float *const *out,
 		   const float *in, uint32_t nb);
 void matmul1(struct eng_ctx *c, const struct wt *w, float *out, const float *in, uint32_t nb);
+
+/* forward.c: blocks deltanet.c shares */
+void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+
+/* deltanet.c: the token mixer of a hybrid's recurrent layer l, for the nb
+ * tokens in c->xb (normed); the result into c->xb ([nb][n_embd]).  Tokens go
+ * through the recurrence one after the other, as the reference feeds them. */
+void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb);
 
 #endif

@@ -86,6 +86,15 @@ if [ -d "$A" ]; then
 	$E "$A/tiny-phi3-q4_k_m.gguf" "$T/a.gguf" dim=blk.1.ffn_up.weight:1:768
 	expect "bad model: phi3 fused gate|up of one half" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
 	one_line "bad model: names the fused FFN tensor" "tensor 'blk.1.ffn_up.weight' has shape \[256, 768, 1, 1\], expected \[256, 1536\]"
+	$E "$A/tiny-qwen35-q4_k_m.gguf" "$T/a.gguf" rename=blk.1.ssm_a:blk.1.ssm_b
+	expect "bad model: qwen35 without a DeltaNet decay" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the missing DeltaNet tensor" "missing tensor 'blk.1.ssm_a'"
+	$E "$A/tiny-qwen35-q4_k_m.gguf" "$T/a.gguf" dim=blk.3.attn_q.weight:1:256
+	expect "bad model: qwen35 attention q without its gate" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the gated q" "tensor 'blk.3.attn_q.weight' has shape \\[256, 256, 1, 1\\], expected \\[256, 512\\]"
+	$E "$A/tiny-qwen3moe-q4_k_m.gguf" "$T/a.gguf"
+	expect "bad model: an architecture of a later issue" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: qwen3moe is one line" "architecture 'qwen3moe' is not supported"
 else
 	echo "skip newer-architecture errors: no $A"
 fi
