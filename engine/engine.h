@@ -29,11 +29,16 @@ struct gguf;
 enum eng_arch {
 	ENG_ARCH_LLAMA,
 	ENG_ARCH_QWEN2,
+	ENG_ARCH_QWEN3,
+	ENG_ARCH_GEMMA2,
+	ENG_ARCH_GEMMA3,
+	ENG_ARCH_PHI3,
+	ENG_ARCH_QWEN35,
 };
 
 enum eng_rope_kind {
 	ENG_ROPE_NORM, /* rotate pairs (x[2i], x[2i+1]): llama */
-	ENG_ROPE_NEOX, /* rotate pairs (x[i], x[i + n_rot/2]): qwen2 */
+	ENG_ROPE_NEOX, /* rotate pairs (x[i], x[i + n_rot/2]): qwen2 and newer */
 };
 
 struct eng_hparams {
@@ -50,9 +55,26 @@ struct eng_hparams {
 	uint32_t n_rot;
 	float rope_base;
 	float rope_freq_scale; /* 1 / linear scaling factor */
+	float rope_base_local; /* sliding-window layers' base (gemma3), else rope_base */
+	float rope_attn_factor; /* rope.scaling.attn_factor: cos, sin times it */
+	uint32_t n_ctx_orig;    /* rope.scaling.original_context_length (longrope) */
+	bool rope_longrope;     /* per-pair factors, long or short by context size */
 	enum eng_rope_kind rope_kind;
 	float norm_eps;
+	float attn_scale;       /* q.k times this */
+	float attn_softcap;     /* scores = c * tanh(scores / c); 0: off */
+	float final_softcap;    /* the same for the logits */
+	uint32_t n_swa;         /* sliding window in tokens; 0: none */
+	uint32_t swa_period;    /* layer l slides if l % period < period - 1 */
 	bool tied_output;
+	/* Gated DeltaNet (qwen35): the layers l with (l + 1) % full_attn_interval
+	 * != 0 are recurrent, the others attention */
+	uint32_t full_attn_interval; /* 0: no recurrent layers */
+	uint32_t ssm_d_conv;         /* causal convolution width */
+	uint32_t ssm_d_state;        /* head size of k and v */
+	uint32_t ssm_n_k_heads;      /* ssm.group_count */
+	uint32_t ssm_n_v_heads;      /* ssm.time_step_rank */
+	uint32_t ssm_d_inner;        /* value_dim = n_v_heads * d_state */
 	uint64_t file_bytes;
 	uint64_t weight_bytes;  /* sum of all tensor sizes */
 	char name[128];         /* general.name, for messages */
@@ -127,6 +149,36 @@ int eng_sampler_create(const struct eng_sampler_config *cfg, uint32_t n_vocab,
 void eng_sampler_destroy(struct eng_sampler *s);
 int32_t eng_sample(struct eng_sampler *s, const float *logits);
 int32_t eng_argmax(const float *logits, uint32_t n);
+
+/* Text <-> token ids, with the vocabulary of a model (eng_model_tokenizer). */
+/* Tokenize len bytes of UTF-8 text (invalid UTF-8 must not crash: it is
+ * treated byte by byte).  add_bos prepends BOS when the vocabulary says to
+ * (tokenizer.ggml.add_bos_token, default true for "llama", false for "gpt2").
+ * Special/control tokens written in the text are NOT parsed as specials.
+ * On success *ids is malloc'd (caller frees) and *n set; returns 0 or -errno. */
+int eng_tokenize(const struct eng_tokenizer *t, const char *text, size_t len, bool add_bos,
+		 int32_t **ids, size_t *n);
+
+/* The bytes token id stands for when printed as output: U+2581 -> ' ',
+ * <0xNN> -> that byte, GPT-2 byte-to-unicode mapping undone, control tokens
+ * (BOS/EOS...) -> "".  Returns the length (may exceed bufsz: then truncated,
+ * like snprintf), or -EINVAL for an id out of range. */
+int eng_token_to_piece(const struct eng_tokenizer *t, int32_t id, char *buf, size_t bufsz);
+
+uint32_t eng_tokenizer_n_vocab(const struct eng_tokenizer *t);
+int32_t eng_tokenizer_bos(const struct eng_tokenizer *t); /* -1 if none */
+int32_t eng_tokenizer_eos(const struct eng_tokenizer *t); /* -1 if none */
+/* true for ids that end generation (EOS, EOT, ...) */
+bool eng_tokenizer_is_eog(const struct eng_tokenizer *t, int32_t id);
+/* Whether eng_tokenize(add_bos=true) actually adds one for this vocab. */
+bool eng_tokenizer_adds_bos(const struct eng_tokenizer *t);
+
+
+/* Online CPUs this process may run on (sched_getaffinity), at least 1. */
+unsigned eng_cpu_count(void);
+
+/* How many of g's tensors strata-repack would turn into Q4_0_R16 (repack.h). */
+uint64_t eng_n_repackable(const struct gguf *g);
 
 /* Map a file read-only (MAP_SHARED); 0 or -errno. */
 int eng_map_file(const char *path, const void **base, size_t *size);

@@ -56,7 +56,7 @@ static const struct eng_type_info types[ENG_TYPE_COUNT] = {
 	TYPE(Q5_K, "Q5_K", ENG_QK_K, 176, Q8_K, true),
 	TYPE(Q6_K, "Q6_K", ENG_QK_K, 210, Q8_K, true),
 	TYPE(Q8_K, "Q8_K", ENG_QK_K, 292, Q8_K, false),
-	TYPE(BF16, "BF16", 1, 2, F32, true),
+	TYPE(BF16, "BF16", 1, 2, BF16, true),
 	/* Q4_0 bytes per block of 32 elements of a row, 16 rows interleaved:
 	 * sizes and offsets are Q4_0's.  Supported means vec_dot16 here. */
 	[ENG_TYPE_Q4_0_R16] = { .name = "Q4_0_R16", .blck = ENG_QK4_0, .bytes = 18,
@@ -200,6 +200,15 @@ float eng_bf16_to_fp32(eng_bf16_t h)
 	return f32_from_bits((uint32_t)h << 16);
 }
 
+eng_bf16_t eng_fp32_to_bf16(float f)
+{
+	uint32_t u = f32_bits(f);
+
+	if ((u & 0x7fffffff) > 0x7f800000) /* NaN: keep the top bits, force quiet */
+		return (eng_bf16_t)((u >> 16) | 64);
+	return (eng_bf16_t)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
+}
+
 /* ---- kernel set selection -------------------------------------------- */
 
 static pthread_once_t kernels_once = PTHREAD_ONCE_INIT;
@@ -210,12 +219,15 @@ static void kernels_init(void)
 	const char *isa = getenv("STRATA_ISA");
 	const struct eng_kernels *avx2 = eng_kernels_avx2();
 	const struct eng_kernels *avx512 = eng_kernels_avx512();
+	const struct eng_kernels *avx512bf16 = eng_kernels_avx512bf16();
 
 	/* The eng_kernels_*() functions check cpuid themselves, so asking for
 	 * a set this CPU lacks quietly gives the next one down rather than
 	 * SIGILL.  An unknown value is treated like no value. */
 	if (isa && !strcmp(isa, "scalar"))
 		kernels_best = eng_kernels_ref();
+	else if (avx512bf16 && isa && !strcmp(isa, "avx512bf16"))
+		kernels_best = avx512bf16;
 	else if (avx512 && !(isa && !strcmp(isa, "avx2")))
 		kernels_best = avx512;
 	else if (avx2)

@@ -10,9 +10,10 @@
  *
  * Weights are never converted at load: vec_dot reads a weight row where it lies
  * in the mapped file.  Activations are converted once per matmul into the
- * weight type's vec_dot_type (Q8_0 for Q4_0/Q8_0, Q8_K for the K-quants, F32
- * for the float types), as the reference engine does, so integer dot products
- * can be used.
+ * weight type's vec_dot_type (Q8_0 for Q4_0/Q8_0, Q8_K for the K-quants, F16
+ * for F16, BF16 for BF16, F32 for F32), as the reference engine does: integer
+ * dot products can be used, and the rounding of the activations is part of
+ * the numbers the reference produces.
  *
  * Block layouts (little-endian, as in GGUF files; QK_K = 256):
  *   Q4_0  32 elems, 18 B:  f16 d; u8 qs[16]      x = d * ((q & 15) - 8), low
@@ -205,12 +206,18 @@ const struct eng_kernels *eng_kernels_ref(void);
 const struct eng_kernels *eng_kernels_avx2(void);
 /* The AVX2 set plus AVX-512 VNNI kernels (256-bit), or NULL without them. */
 const struct eng_kernels *eng_kernels_avx512(void);
-/* The best set for this CPU, chosen once; STRATA_ISA=scalar|avx2|avx512 asks
- * for one (a set the CPU lacks falls back to the next one down). */
+/* The avx512 set with AVX-512 BF16's vdpbf16ps for BF16 weights, or NULL
+ * without it: its own summation order, so only when asked for. */
+const struct eng_kernels *eng_kernels_avx512bf16(void);
+/* The best set for this CPU, chosen once; STRATA_ISA=scalar|avx2|avx512|
+ * avx512bf16 asks for one (a set the CPU lacks falls back to the next one
+ * down). */
 const struct eng_kernels *eng_kernels_get(void);
 
 float eng_fp16_to_fp32(eng_fp16_t h);
 eng_fp16_t eng_fp32_to_fp16(float f);
 float eng_bf16_to_fp32(eng_bf16_t h);
+/* Round to nearest even; NaN stays NaN (quieted), as ggml's conversion. */
+eng_bf16_t eng_fp32_to_bf16(float f);
 
 #endif

@@ -182,29 +182,57 @@ static void vec_dot_f16(size_t n, float *out, const void *w, const void *a)
 }
 
 /*
- * BF16 keeps four 8-lane accumulators: ggml's AVX-512 BF16 kernel takes bf16
- * activations (dpbf16), which this engine does not do.
+ * BF16 weights with BF16 activations follow ggml_vec_dot_bf16 as built for
+ * AVX2 (the reference's haswell build): 32 elements per step into four 8-lane
+ * accumulators, folded as (c1 + c3) + (c2 + c4), the rest one at a time in
+ * double.  A bf16 product is exact in float, so FMA or not is the same.
  */
 static void vec_dot_bf16(size_t n, float *out, const void *w, const void *a)
 {
-	const float *y = a;
-	__m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-	__m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-	float tail = 0.0f;
+	__m256 c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps();
+	__m256 c3 = _mm256_setzero_ps(), c4 = _mm256_setzero_ps();
+	double sum = 0;
 	size_t i = 0;
 
 	for (; i + 32 <= n; i += 32) {
-		acc0 = _mm256_fmadd_ps(load8_bf16(w, i), _mm256_loadu_ps(y + i), acc0);
-		acc1 = _mm256_fmadd_ps(load8_bf16(w, i + 8), _mm256_loadu_ps(y + i + 8), acc1);
-		acc2 = _mm256_fmadd_ps(load8_bf16(w, i + 16), _mm256_loadu_ps(y + i + 16), acc2);
-		acc3 = _mm256_fmadd_ps(load8_bf16(w, i + 24), _mm256_loadu_ps(y + i + 24), acc3);
+		c1 = _mm256_fmadd_ps(load8_bf16(w, i), load8_bf16(a, i), c1);
+		c2 = _mm256_fmadd_ps(load8_bf16(w, i + 8), load8_bf16(a, i + 8), c2);
+		c3 = _mm256_fmadd_ps(load8_bf16(w, i + 16), load8_bf16(a, i + 16), c3);
+		c4 = _mm256_fmadd_ps(load8_bf16(w, i + 24), load8_bf16(a, i + 24), c4);
 	}
-	for (; i + 8 <= n; i += 8)
-		acc0 = _mm256_fmadd_ps(load8_bf16(w, i), _mm256_loadu_ps(y + i), acc0);
+	if (i)
+		sum = hsum_f32x8(_mm256_add_ps(_mm256_add_ps(c1, c3), _mm256_add_ps(c2, c4)));
 	for (; i < n; i++)
-		tail += load1_bf16(w, i) * y[i];
-	acc0 = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
-	*out = hsum_f32x8(acc0) + tail;
+		sum += (double)(load1_bf16(w, i) * load1_bf16(a, i));
+	*out = (float)sum;
+}
+
+/* Round to nearest even in integer arithmetic, as eng_fp32_to_bf16 (NaN
+ * quieted): the same bits on every set. */
+static void bf16_from_float(const float *src, void *dst, size_t n)
+{
+	const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+	const __m256i absmask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+	const __m256i quiet = _mm256_set1_epi32(64);
+	eng_bf16_t *y = dst;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		__m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+		__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+		__m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
+		__m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), inf);
+		__m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+
+		r = _mm256_blendv_epi8(r, qn, nan);
+		/* 8 dwords to 8 words: pack (unsigned saturation is exact here,
+		 * every value < 65536) and put the two halves in order */
+		__m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+
+		_mm_storeu_si128((void *)(y + i), _mm_packus_epi32(lo, hi));
+	}
+	for (; i < n; i++)
+		y[i] = eng_fp32_to_bf16(src[i]);
 }
 
 static void f16_from_float(const float *src, void *dst, size_t n)
@@ -796,6 +824,7 @@ BASELINE static void avx2_init(void)
 	avx2.to_float[ENG_TYPE_F16] = f16_to_float;
 	avx2.from_float[ENG_TYPE_Q8_0] = q8_0_from_float;
 	avx2.from_float[ENG_TYPE_F16] = f16_from_float;
+	avx2.from_float[ENG_TYPE_BF16] = bf16_from_float;
 	avx2.from_float[ENG_TYPE_Q8_K] = q8_k_from_float;
 	avx2.vec_dot[ENG_TYPE_F32] = vec_dot_f32;
 	avx2.vec_dot[ENG_TYPE_F16] = vec_dot_f16;

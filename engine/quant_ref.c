@@ -9,9 +9,8 @@
  * dequantize_row_*, and the quantized dot products its *_generic versions,
  * with the integer sums and the float operations done in the same order (a
  * float sum done in another order gives another answer).  The float-type dot
- * products accumulate in double like ggml_vec_dot_f32/f16; unlike ggml,
- * F16/BF16 weights are dotted with F32 activations rather than activations
- * rounded to F16/BF16.
+ * products accumulate in double like ggml_vec_dot_f32/f16/bf16, and F16/BF16
+ * weights are dotted with activations rounded to F16/BF16, as in ggml.
  *
  * All functions are pure and reentrant; the table is a constant.
  */
@@ -72,15 +71,48 @@ static void vec_dot_f16(size_t n, float *out, const void *w, const void *a)
 	*out = (float)sum;
 }
 
+/*
+ * BF16 weights take BF16 activations, likewise, and the sum is done in the
+ * order of ggml_vec_dot_bf16 as the reference's AVX2 build runs it: element
+ * 32s + 8k + j into float accumulator (k, j), the accumulators folded as
+ * (c0 + c2) + (c1 + c3), the 8 lanes reduced pairwise, the rest one at a time
+ * in double.  The order matters more here than for F16: a bf16 activation
+ * has 8 bits of mantissa, so a last-bit difference in one matmul's sum flips
+ * the rounding of some inputs of the next, and the logits of a BF16 model
+ * drift by about 0.02 sigma from the reference's with any other order, the
+ * exact (double) sum included.  Each product of two bf16 is exact in float.
+ */
 static void vec_dot_bf16(size_t n, float *out, const void *w, const void *a)
 {
 	const eng_bf16_t *x = w;
-	const float *y = a;
+	const eng_bf16_t *y = a;
+	float c[4][8] = { { 0 } }, v[8];
 	double sum = 0;
+	size_t i = 0;
+
+	for (; i + 32 <= n; i += 32)
+		for (int k = 0; k < 4; k++)
+			for (int j = 0; j < 8; j++)
+				c[k][j] += eng_bf16_to_fp32(x[i + 8 * k + j]) *
+					   eng_bf16_to_fp32(y[i + 8 * k + j]);
+	if (i) {
+		for (int j = 0; j < 8; j++)
+			v[j] = (c[0][j] + c[2][j]) + (c[1][j] + c[3][j]);
+		for (int j = 0; j < 4; j++)
+			v[j] = v[4 + j] + v[j];
+		sum = (v[0] + v[2]) + (v[1] + v[3]);
+	}
+	for (; i < n; i++)
+		sum += (double)(eng_bf16_to_fp32(x[i]) * eng_bf16_to_fp32(y[i]));
+	*out = (float)sum;
+}
+
+static void bf16_from_float(const float *src, void *dst, size_t n)
+{
+	eng_bf16_t *y = dst;
 
 	for (size_t i = 0; i < n; i++)
-		sum += (double)(eng_bf16_to_fp32(x[i]) * y[i]);
-	*out = (float)sum;
+		y[i] = eng_fp32_to_bf16(src[i]);
 }
 
 /* ---- Q4_0, Q8_0 ------------------------------------------------------- */
@@ -571,6 +603,7 @@ static const struct eng_kernels ref = {
 	.from_float = {
 		[ENG_TYPE_F32] = f32_from_float,
 		[ENG_TYPE_F16] = f16_from_float,
+		[ENG_TYPE_BF16] = bf16_from_float,
 		[ENG_TYPE_Q8_0] = q8_0_from_float,
 		[ENG_TYPE_Q8_K] = q8_k_from_float,
 	},

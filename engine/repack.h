@@ -11,13 +11,13 @@
 #ifndef STRATA_REPACK_H
 #define STRATA_REPACK_H
 
+#include "engine.h"
 #include "gguf.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* How many of g's tensors eng_repack_r16 would repack. */
-uint64_t eng_n_repackable(const struct gguf *g);
+/* eng_n_repackable() is in engine.h */
 
 /* Repack the len-byte GGUF image at img where it lies.  Returns 0 and
  * *n_tensors, *n_bytes (0 if nothing was repackable), or -EINVAL/-ENOTSUP/

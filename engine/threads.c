@@ -8,6 +8,7 @@
  * caller.  The caller runs share 0 itself, so a pool of one thread has no
  * workers and no synchronization at all.
  */
+#include "engine.h"
 #include "threads.h"
 
 #include <errno.h>

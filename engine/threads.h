@@ -19,7 +19,6 @@ int eng_pool_create(unsigned n_threads, struct eng_pool **out);
 void eng_pool_destroy(struct eng_pool *p);
 void eng_pool_run(struct eng_pool *p, eng_task_fn fn, void *arg);
 unsigned eng_pool_size(const struct eng_pool *p);
-/* Online CPUs this process may run on (sched_getaffinity), at least 1. */
-unsigned eng_cpu_count(void);
+/* eng_cpu_count() is in engine.h */
 
 #endif

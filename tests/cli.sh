@@ -60,6 +60,45 @@ expect "bad input: token out of range" 2 "$S" eval -m "$F/models/stories260K.ggu
 expect "bad input: token not a number" 2 "$S" eval -m "$F/models/stories260K.gguf" --tokens 1,x --logits-out "$T/x"
 expect "bad input: refused vocabulary" 2 "$S" tokenize -m "$F/vocab/ggml-vocab-bert-bge.gguf" --text hi
 
+# 4b. The newer architectures: an unknown one, a missing and a mis-shaped
+# tensor each give one line naming it, and exit 2.
+A=$F/arch/models
+E="python3 $(dirname "$0")/gguf_edit.py"
+one_line() { # name, pattern: the message is one line and says what is wrong
+	[ "$(wc -l <"$T/err")" = 1 ] && grep -q "$2" "$T/err"; check "$1" $?
+}
+if [ -d "$A" ]; then
+	$E "$A/tiny-qwen3-q4_k_m.gguf" "$T/a.gguf" arch=qwen9
+	expect "bad model: unknown architecture" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the architecture" "architecture 'qwen9' is not supported"
+	$E "$A/tiny-qwen3-q4_k_m.gguf" "$T/a.gguf" rename=blk.1.attn_q_norm.weight:blk.1.attn_q_nrom.weight
+	expect "bad model: qwen3 without a q norm" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the missing tensor" "missing tensor 'blk.1.attn_q_norm.weight'"
+	$E "$A/tiny-gemma2-q4_k_m.gguf" "$T/a.gguf" rename=blk.3.post_ffw_norm.weight:blk.3.post_ffw_nrom.weight
+	expect "bad model: gemma2 without a post-FFN norm" 2 "$S" run -m "$T/a.gguf" -p hi -n 1
+	one_line "bad model: names the missing post norm" "missing tensor 'blk.3.post_ffw_norm.weight'"
+	$E "$A/tiny-gemma3-q8_0.gguf" "$T/a.gguf" dim=blk.2.attn_k_norm.weight:0:64
+	expect "bad model: gemma3 k norm of the wrong size" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the mis-shaped tensor" "tensor 'blk.2.attn_k_norm.weight' has shape \[64, 1, 1, 1\], expected \[128, 1\]"
+	$E "$A/tiny-phi3-q4_k_m.gguf" "$T/a.gguf" dim=blk.0.attn_qkv.weight:1:512
+	expect "bad model: phi3 fused qkv short of rows" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the fused tensor" "tensor 'blk.0.attn_qkv.weight' has shape \[256, 512, 1, 1\], expected \[256, 768\]"
+	$E "$A/tiny-phi3-q4_k_m.gguf" "$T/a.gguf" dim=blk.1.ffn_up.weight:1:768
+	expect "bad model: phi3 fused gate|up of one half" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the fused FFN tensor" "tensor 'blk.1.ffn_up.weight' has shape \[256, 768, 1, 1\], expected \[256, 1536\]"
+	$E "$A/tiny-qwen35-q4_k_m.gguf" "$T/a.gguf" rename=blk.1.ssm_a:blk.1.ssm_b
+	expect "bad model: qwen35 without a DeltaNet decay" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the missing DeltaNet tensor" "missing tensor 'blk.1.ssm_a'"
+	$E "$A/tiny-qwen35-q4_k_m.gguf" "$T/a.gguf" dim=blk.3.attn_q.weight:1:256
+	expect "bad model: qwen35 attention q without its gate" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the gated q" "tensor 'blk.3.attn_q.weight' has shape \\[256, 256, 1, 1\\], expected \\[256, 512\\]"
+	$E "$A/tiny-qwen3moe-q4_k_m.gguf" "$T/a.gguf"
+	expect "bad model: an architecture of a later issue" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: qwen3moe is one line" "architecture 'qwen3moe' is not supported"
+else
+	echo "skip newer-architecture errors: no $A"
+fi
+
 # 5. bench --json carries the fields scripts read, and the machine's
 # bandwidths with the bound they put on decoding (sane, not exact, values).
 "$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --json >"$T/b.json"

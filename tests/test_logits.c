@@ -1,21 +1,28 @@
 /*
  * test_logits.c - every fixture model against the reference engine's logits.
  *
- * For each fixtures/ref/NAME.json: feed prompt_tokens then greedy_tokens
- * (teacher forcing) and compare every row of logits with NAME.logits.f16.
- * A row passes when max |ours - ref| <= tol * sigma(ref row), tol being 0.02
- * for float models and 0.15 for quantized ones; the argmax must agree on at
- * least 95% of rows.  The rows are fed in batches and, separately, one token
- * at a time: both must pass, and the two must agree with each other closely
- * (batching only changes summation order).
+ * For each fixtures/[SET/]ref/NAME.json: feed prompt_tokens then
+ * greedy_tokens (teacher forcing) and compare every row of logits with
+ * NAME.logits.f16.  A row passes when max |ours - ref| <= tol * sigma(ref
+ * row), tol being 0.02 for float models and, for quantized ones, 0.15 (or
+ * what -q says: the arch set's references come from a newer release, whose
+ * own K-quant noise is up to 0.15); the argmax must agree on at least 95% of
+ * rows, and on every row that chose one of the 16 greedy tokens unless the
+ * reference's own top two are closer than 0.02 sigma there (-g GAP).  The rows are fed
+ * in batches and, separately, one token at a time: both must pass.
  *
- * usage: test_logits [NAME ...]   (default: every model under ref/)
- * STRATA_TEST_VERBOSE=1 prints every row's error.
+ * usage: test_logits [-d SET] [-q TOL] [-g GAP] [NAME ...]
+ *        (default: every model under ref/; SET: a subdirectory of fixtures,
+ *        e.g. arch, with its own models/ and ref/)
+ * STRATA_TEST_VERBOSE=1 prints every row's error.  STRATA_TEST_FLOAT_TOL
+ * replaces the float models' 0.02 (only for the avx512bf16 kernels, whose
+ * summation order differs from the reference's; see quant_avx512.c).
  */
 #include "engine.h"
 #include "quant.h"
 
 #include <dirent.h>
+#include <getopt.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -112,9 +119,10 @@ static bool is_float_model(const struct eng_hparams *hp, const char *name)
 
 /* Compare n_rows rows; returns number of failures and prints a summary. */
 static int compare(const char *label, const float *ours, const eng_fp16_t *ref, size_t rows,
-		   uint32_t n_vocab, double tol, const int32_t *greedy, size_t n_prompt)
+		   uint32_t n_vocab, double tol, double gap, const int32_t *greedy,
+		   size_t n_prompt)
 {
-	size_t argmax_same = 0;
+	size_t argmax_same = 0, greedy_close = 0;
 	double worst = 0;
 	size_t worst_row = 0;
 	int fails = 0;
@@ -124,6 +132,7 @@ static int compare(const char *label, const float *ours, const eng_fp16_t *ref, 
 		const eng_fp16_t *f = ref + r * n_vocab;
 		double mean = 0, var = 0, maxd = 0;
 		uint32_t am_ref = 0, am_ours = 0;
+		float top1 = -INFINITY, top2 = -INFINITY;
 
 		for (uint32_t i = 0; i < n_vocab; i++)
 			mean += eng_fp16_to_fp32(f[i]);
@@ -136,6 +145,12 @@ static int compare(const char *label, const float *ours, const eng_fp16_t *ref, 
 				maxd = d; /* NaN counts as the worst difference */
 			if (rv > eng_fp16_to_fp32(f[am_ref]))
 				am_ref = i;
+			if (rv > top1) {
+				top2 = top1;
+				top1 = (float)rv;
+			} else if (rv > top2) {
+				top2 = (float)rv;
+			}
 			if (o[i] > o[am_ours])
 				am_ours = i;
 		}
@@ -161,9 +176,24 @@ static int compare(const char *label, const float *ours, const eng_fp16_t *ref, 
 		    (int32_t)am_ref != greedy[r + 1 - n_prompt])
 			printf("  note: ref argmax of row %zu is %u, greedy token says %d\n", r, am_ref,
 			       greedy[r + 1 - n_prompt]);
+		/* the greedy tokens themselves: identical, but where the
+		 * reference could as well have chosen another */
+		if (r + 1 >= n_prompt && r + 1 - n_prompt < 16 &&
+		    (int32_t)am_ours != greedy[r + 1 - n_prompt]) {
+			if ((top1 - top2) / sigma >= gap) {
+				printf("  %s row %zu: argmax %u, the reference chose %d (top-2 gap "
+				       "%.3f sigma)\n", label, r, am_ours, greedy[r + 1 - n_prompt],
+				       (top1 - top2) / sigma);
+				fails++;
+			} else {
+				greedy_close++;
+			}
+		}
 	}
-	printf("  %s: worst row %zu at %.4f sigma (limit %.2f), argmax agrees on %zu/%zu rows\n",
-	       label, worst_row, worst, tol, argmax_same, rows);
+	printf("  %s: worst row %zu at %.4f sigma (limit %.2f), argmax agrees on %zu/%zu rows"
+	       "%s\n", label, worst_row, worst, tol, argmax_same, rows,
+	       greedy_close ? " (a greedy token differs where the reference's top two are "
+			      "that close)" : "");
 	if (argmax_same * 100 < rows * 95) {
 		printf("  %s: argmax agreement below 95%%\n", label);
 		fails++;
@@ -171,7 +201,7 @@ static int compare(const char *label, const float *ours, const eng_fp16_t *ref, 
 	return fails;
 }
 
-static int run_one(const char *fix, const char *name)
+static int run_one(const char *fix, const char *name, double qtol, double gap)
 {
 	char path[1024], model_file[256], logits_file[256];
 	char *js;
@@ -248,11 +278,13 @@ static int run_one(const char *fix, const char *name)
 			goto out_unmap;
 		}
 	}
-	double tol = is_float_model(eng_model_hparams(m), name) ? 0.02 : 0.15;
+	double ftol = getenv("STRATA_TEST_FLOAT_TOL") ? atof(getenv("STRATA_TEST_FLOAT_TOL")) : 0.02;
+	double tol = is_float_model(eng_model_hparams(m), name) ? ftol : qtol;
 	printf("%s (%s, %zu rows, tol %.2f sigma):\n", name, eng_model_hparams(m)->arch_name, n_tok,
 	       tol);
-	fails += compare("batched", batch, ref, n_tok, (uint32_t)n_vocab, tol, greedy, n_prompt);
-	fails += compare("one at a time", single, ref, n_tok, (uint32_t)n_vocab, tol, greedy,
+	fails += compare("batched", batch, ref, n_tok, (uint32_t)n_vocab, tol, gap, greedy,
+			 n_prompt);
+	fails += compare("one at a time", single, ref, n_tok, (uint32_t)n_vocab, tol, gap, greedy,
 			 n_prompt);
 	printf("%s %s\n", fails ? "FAIL" : "ok", name);
 out_unmap:
@@ -268,16 +300,30 @@ out:
 
 int main(int argc, char **argv)
 {
-	const char *fix = getenv("STRATA_FIXTURES");
-	char dir[1024];
-	int failed = 0, ran = 0;
+	const char *env = getenv("STRATA_FIXTURES");
+	const char *set = NULL;
+	char fix[1024], dir[1100];
+	double qtol = 0.15, gap = 0.02;
+	int failed = 0, ran = 0, opt;
 
-	if (!fix)
-		fix = "../shared/fixtures";
+	while ((opt = getopt(argc, argv, "d:q:g:")) != -1) {
+		if (opt == 'd') {
+			set = optarg;
+		} else if (opt == 'q') {
+			qtol = atof(optarg);
+		} else if (opt == 'g') {
+			gap = atof(optarg);
+		} else {
+			fprintf(stderr, "usage: test_logits [-d SET] [-q TOL] [-g GAP] [NAME ...]\n");
+			return 2;
+		}
+	}
+	snprintf(fix, sizeof(fix), "%s%s%s", env ? env : "../shared/fixtures", set ? "/" : "",
+		 set ? set : "");
 	snprintf(dir, sizeof(dir), "%s/ref", fix);
-	if (argc > 1) {
-		for (int i = 1; i < argc; i++, ran++)
-			failed += run_one(fix, argv[i]);
+	if (optind < argc) {
+		for (int i = optind; i < argc; i++, ran++)
+			failed += run_one(fix, argv[i], qtol, gap);
 	} else {
 		DIR *d = opendir(dir);
 		struct dirent *e;
@@ -293,7 +339,7 @@ int main(int argc, char **argv)
 			if (l < 6 || strcmp(e->d_name + l - 5, ".json"))
 				continue;
 			snprintf(name, sizeof(name), "%.*s", (int)(l - 5), e->d_name);
-			failed += run_one(fix, name);
+			failed += run_one(fix, name, qtol, gap);
 			ran++;
 		}
 		closedir(d);

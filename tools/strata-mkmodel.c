@@ -4,8 +4,8 @@
  *
  * Benchmarks need models the size of real ones (an 8B-shaped Q4_0 file is
  * about 4.3 GiB) that no test fixture carries.  This tool writes a valid GGUF
- * v3 file of the llama architecture with random weights and a synthetic
- * SentencePiece vocabulary, which the engine loads and runs like a downloaded
+ * v3 file of the llama, qwen3, gemma2, gemma3 or phi3 architecture with random
+ * weights and a synthetic SentencePiece vocabulary, which the engine loads and runs like a downloaded
  * model: tensor names, shapes, types and metadata follow what llama.cpp
  * writes, and the weight scales keep activations bounded so a forward pass
  * gives finite logits.  The text it generates is noise; speed and memory
@@ -79,17 +79,40 @@ struct shape {
 	const char *name;
 	uint32_t n_embd, n_layer, n_ff, n_head, n_head_kv, n_vocab, n_ctx;
 	float rope_base;
+	/* the rest zero for llama: */
+	const char *arch;   /* NULL: llama */
+	uint32_t head_dim;  /* 0: n_embd / n_head */
+	uint32_t n_rot;     /* 0: head_dim */
+	bool tied;          /* no output.weight: the embedding serves */
+	uint32_t n_swa;     /* attention.sliding_window (gemma) */
+	float rope_scale;   /* linear rope scaling factor (gemma3's global layers) */
 };
 
-/* The published configurations these are named after; Llama 3.2's tied
- * embeddings and llama3 RoPE scaling are left out (output is its own tensor). */
+/*
+ * The published configurations these are named after; Llama 3.2's tied
+ * embeddings and llama3 RoPE scaling are left out (output is its own tensor),
+ * and so are Phi-4-mini's longrope factors (at 4096 tokens of context or
+ * fewer, where benchmarks run, the reference uses its short factors, a
+ * per-pair constant that costs nothing).  Gemma's vocabularies are the
+ * published sizes; the tokens are synthetic like the others'.
+ */
 static const struct shape shapes[] = {
-	{ "tiny", 256, 4, 768, 8, 2, 4096, 512, 10000.0f },
-	{ "small", 768, 12, 2048, 12, 4, 32000, 2048, 10000.0f },
-	{ "llama-1b", 2048, 16, 8192, 32, 8, 128256, 8192, 500000.0f },
-	{ "llama-3b", 3072, 28, 8192, 24, 8, 128256, 8192, 500000.0f },
-	{ "llama-7b", 4096, 32, 11008, 32, 32, 32000, 4096, 10000.0f },
-	{ "llama-8b", 4096, 32, 14336, 32, 8, 128256, 8192, 500000.0f },
+	{ "tiny", 256, 4, 768, 8, 2, 4096, 512, 10000.0f, .arch = NULL },
+	{ "small", 768, 12, 2048, 12, 4, 32000, 2048, 10000.0f, .arch = NULL },
+	{ "llama-1b", 2048, 16, 8192, 32, 8, 128256, 8192, 500000.0f, .arch = NULL },
+	{ "llama-3b", 3072, 28, 8192, 24, 8, 128256, 8192, 500000.0f, .arch = NULL },
+	{ "llama-7b", 4096, 32, 11008, 32, 32, 32000, 4096, 10000.0f, .arch = NULL },
+	{ "llama-8b", 4096, 32, 14336, 32, 8, 128256, 8192, 500000.0f, .arch = NULL },
+	{ "qwen3-8b", 4096, 36, 12288, 32, 8, 151936, 40960, 1000000.0f, .arch = "qwen3",
+	  .head_dim = 128 },
+	{ "gemma2-9b", 3584, 42, 14336, 16, 8, 256000, 8192, 10000.0f, .arch = "gemma2",
+	  .head_dim = 256, .tied = true, .n_swa = 4096 },
+	{ "gemma3-4b", 2560, 34, 10240, 8, 4, 262208, 131072, 1000000.0f, .arch = "gemma3",
+	  .head_dim = 256, .tied = true, .n_swa = 1024, .rope_scale = 8.0f },
+	{ "gemma3-12b", 3840, 48, 15360, 16, 8, 262208, 131072, 1000000.0f, .arch = "gemma3",
+	  .head_dim = 256, .tied = true, .n_swa = 1024, .rope_scale = 8.0f },
+	{ "phi4-mini", 3072, 32, 8192, 24, 8, 200064, 131072, 10000.0f, .arch = "phi3",
+	  .head_dim = 128, .n_rot = 96, .tied = true },
 };
 #define N_SHAPES (sizeof(shapes) / sizeof(shapes[0]))
 
@@ -157,7 +180,8 @@ static uint32_t tensor_type(enum mix mix, const char *role, uint32_t layer, uint
 	case MIX_Q4_K_M:
 		if (!strcmp(role, "output"))
 			return ENG_TYPE_Q6_K;
-		if ((!strcmp(role, "attn_v") || !strcmp(role, "ffn_down")) &&
+		if ((!strcmp(role, "attn_v") || !strcmp(role, "attn_qkv") ||
+		     !strcmp(role, "ffn_down")) &&
 		    use_more_bits(layer, n_layer))
 			return ENG_TYPE_Q6_K;
 		return ENG_TYPE_Q4_K;
@@ -630,17 +654,24 @@ static int add_tensor(struct plan *p, const char *role, int32_t layer, uint64_t 
 	return 0;
 }
 
+static bool is_arch(const struct shape *s, const char *a)
+{
+	return s->arch && !strcmp(s->arch, a);
+}
+
+/* Per layer, in the order llama.cpp's converter writes them, with what each
+ * architecture adds (the engine's arch.c lists the same differences). */
 static int plan_tensors(struct plan *p)
 {
-	static const char *const roles[] = { "attn_norm", "attn_q", "attn_k", "attn_v",
-					     "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-					     "ffn_down" };
 	const struct shape *s = &p->sh;
 	uint64_t q_dim = (uint64_t)s->n_head * p->head_dim;
 	uint64_t kv_dim = (uint64_t)s->n_head_kv * p->head_dim;
+	bool qk_norm = is_arch(s, "qwen3") || is_arch(s, "gemma3");
+	bool post_norms = is_arch(s, "gemma2") || is_arch(s, "gemma3");
+	bool fused = is_arch(s, "phi3");
 	int rc;
 
-	p->t = calloc((size_t)s->n_layer * 9 + 3, sizeof(*p->t));
+	p->t = calloc((size_t)s->n_layer * 13 + 3, sizeof(*p->t));
 	if (!p->t) {
 		msg("out of memory");
 		return -ENOMEM;
@@ -648,20 +679,36 @@ static int plan_tensors(struct plan *p)
 	if ((rc = add_tensor(p, "token_embd", -1, s->n_embd, s->n_vocab, false)))
 		return rc;
 	for (uint32_t i = 0; i < s->n_layer; i++) {
-		/* [ne0, ne1] as GGUF stores them: ne0 is the input (row) length */
-		const uint64_t ne[9][2] = {
-			{ s->n_embd, 0 },        { s->n_embd, q_dim },   { s->n_embd, kv_dim },
-			{ s->n_embd, kv_dim },   { q_dim, s->n_embd },   { s->n_embd, 0 },
-			{ s->n_embd, s->n_ff }, { s->n_embd, s->n_ff }, { s->n_ff, s->n_embd },
+		/* [ne0, ne1] as GGUF stores them: ne0 is the input (row) length;
+		 * ne1 0 for a norm (1-D); absent roles skipped */
+		const struct {
+			const char *role;
+			bool present;
+			uint64_t ne0, ne1;
+		} l[] = {
+			{ "attn_norm", true, s->n_embd, 0 },
+			{ "attn_qkv", fused, s->n_embd, q_dim + 2 * kv_dim },
+			{ "attn_q", !fused, s->n_embd, q_dim },
+			{ "attn_k", !fused, s->n_embd, kv_dim },
+			{ "attn_v", !fused, s->n_embd, kv_dim },
+			{ "attn_q_norm", qk_norm, p->head_dim, 0 },
+			{ "attn_k_norm", qk_norm, p->head_dim, 0 },
+			{ "attn_output", true, q_dim, s->n_embd },
+			{ "post_attention_norm", post_norms, s->n_embd, 0 },
+			{ "ffn_norm", true, s->n_embd, 0 },
+			{ "ffn_gate", !fused, s->n_embd, s->n_ff },
+			{ "ffn_up", true, s->n_embd, (fused ? 2 : 1) * (uint64_t)s->n_ff },
+			{ "ffn_down", true, s->n_ff, s->n_embd },
+			{ "post_ffw_norm", post_norms, s->n_embd, 0 },
 		};
 
-		for (int j = 0; j < 9; j++)
-			if ((rc = add_tensor(p, roles[j], (int32_t)i, ne[j][0], ne[j][1],
-					     ne[j][1] == 0)))
+		for (size_t j = 0; j < sizeof(l) / sizeof(l[0]); j++)
+			if (l[j].present && (rc = add_tensor(p, l[j].role, (int32_t)i, l[j].ne0,
+							     l[j].ne1, l[j].ne1 == 0)))
 				return rc;
 	}
 	if ((rc = add_tensor(p, "output_norm", -1, s->n_embd, 0, true)) ||
-	    (rc = add_tensor(p, "output", -1, s->n_embd, s->n_vocab, false)))
+	    (!s->tied && (rc = add_tensor(p, "output", -1, s->n_embd, s->n_vocab, false))))
 		return rc;
 	return 0;
 }
@@ -672,7 +719,8 @@ static int plan_header(struct plan *p)
 	struct buf *b = &p->head;
 	uint32_t n_kv = 0;
 	size_t n_kv_at;
-	char name[96], piece[32];
+	char name[96], piece[32], key[96];
+	const char *a = s->arch ? s->arch : "llama";
 	size_t len;
 	uint8_t zero[ALIGNMENT] = { 0 };
 
@@ -683,21 +731,37 @@ static int plan_header(struct plan *p)
 	put_u64(b, 0); /* patched below */
 
 	snprintf(name, sizeof(name), "strata-synthetic-%s-%s", s->name, p->mix->name);
-	kv_str(b, &n_kv, "general.architecture", "llama");
+	kv_str(b, &n_kv, "general.architecture", a);
 	kv_str(b, &n_kv, "general.name", name);
 	kv_u32(b, &n_kv, "general.file_type", p->mix->file_type);
 	kv_u32(b, &n_kv, "general.quantization_version", 2);
 	kv_u32(b, &n_kv, "general.alignment", ALIGNMENT);
-	kv_u32(b, &n_kv, "llama.context_length", s->n_ctx);
-	kv_u32(b, &n_kv, "llama.embedding_length", s->n_embd);
-	kv_u32(b, &n_kv, "llama.block_count", s->n_layer);
-	kv_u32(b, &n_kv, "llama.feed_forward_length", s->n_ff);
-	kv_u32(b, &n_kv, "llama.attention.head_count", s->n_head);
-	kv_u32(b, &n_kv, "llama.attention.head_count_kv", s->n_head_kv);
-	kv_f32(b, &n_kv, "llama.rope.freq_base", s->rope_base);
-	kv_u32(b, &n_kv, "llama.rope.dimension_count", p->head_dim);
-	kv_f32(b, &n_kv, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-	kv_u32(b, &n_kv, "llama.vocab_size", s->n_vocab);
+#define K(suffix) (snprintf(key, sizeof(key), "%s." suffix, a), key)
+	kv_u32(b, &n_kv, K("context_length"), s->n_ctx);
+	kv_u32(b, &n_kv, K("embedding_length"), s->n_embd);
+	kv_u32(b, &n_kv, K("block_count"), s->n_layer);
+	kv_u32(b, &n_kv, K("feed_forward_length"), s->n_ff);
+	kv_u32(b, &n_kv, K("attention.head_count"), s->n_head);
+	kv_u32(b, &n_kv, K("attention.head_count_kv"), s->n_head_kv);
+	if (s->head_dim) {
+		kv_u32(b, &n_kv, K("attention.key_length"), s->head_dim);
+		kv_u32(b, &n_kv, K("attention.value_length"), s->head_dim);
+	}
+	kv_f32(b, &n_kv, K("rope.freq_base"), s->rope_base);
+	kv_u32(b, &n_kv, K("rope.dimension_count"), s->n_rot ? s->n_rot : p->head_dim);
+	kv_f32(b, &n_kv, K("attention.layer_norm_rms_epsilon"), s->arch ? 1e-6f : 1e-5f);
+	kv_u32(b, &n_kv, K("vocab_size"), s->n_vocab);
+	if (s->n_swa)
+		kv_u32(b, &n_kv, K("attention.sliding_window"), s->n_swa);
+	if (is_arch(s, "gemma2")) {
+		kv_f32(b, &n_kv, K("attn_logit_softcapping"), 50.0f);
+		kv_f32(b, &n_kv, K("final_logit_softcapping"), 30.0f);
+	}
+	if (s->rope_scale > 0) {
+		kv_str(b, &n_kv, K("rope.scaling.type"), "linear");
+		kv_f32(b, &n_kv, K("rope.scaling.factor"), s->rope_scale);
+	}
+#undef K
 
 	kv_str(b, &n_kv, "tokenizer.ggml.model", "llama");
 	kv_str(b, &n_kv, "tokenizer.ggml.pre", "default");
@@ -750,13 +814,14 @@ static int plan_create(struct plan *p, const struct shape *s, const struct mixin
 	memset(p, 0, sizeof(*p));
 	p->sh = *s;
 	p->mix = mix;
-	if (s->n_head == 0 || s->n_embd % s->n_head || (s->n_embd / s->n_head) % 2 ||
-	    s->n_head_kv == 0 || s->n_head % s->n_head_kv) {
+	if (s->n_head == 0 || (!s->head_dim && s->n_embd % s->n_head) ||
+	    (s->head_dim ? s->head_dim : s->n_embd / s->n_head) % 2 || s->n_head_kv == 0 ||
+	    s->n_head % s->n_head_kv) {
 		msg("shape %s: heads %u/%u do not divide n_embd %u into even head sizes", s->name,
 		    s->n_head, s->n_head_kv, s->n_embd);
 		return -EINVAL;
 	}
-	p->head_dim = s->n_embd / s->n_head;
+	p->head_dim = s->head_dim ? s->head_dim : s->n_embd / s->n_head;
 	rc = plan_tensors(p);
 	if (!rc)
 		rc = plan_header(p);

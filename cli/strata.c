@@ -15,9 +15,6 @@
 #include "engine.h"
 #include "hwbench.h"
 #include "pager.h"
-#include "repack.h"
-#include "threads.h"
-#include "tokenizer.h"
 
 #include <errno.h>
 #include <getopt.h>

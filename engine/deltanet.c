@@ -1,0 +1,169 @@
+/*
+ * deltanet.c - the token mixer of a hybrid's recurrent layers (qwen35): a
+ * Gated DeltaNet, as the reference computes it one token at a time.
+ *
+ * Per token, with x the layer's normed input:
+ *
+ *   qkv   = x @ W_qkv                      [2 key_dim + value_dim]
+ *   z     = x @ W_gate                     [value_dim]
+ *   beta  = sigmoid(x @ W_beta)            [H_v]
+ *   g     = softplus(x @ W_alpha + dt_bias) * a     (a = -exp(A_log), < 0)
+ *   c     = silu(causal_conv(qkv))         the last d_conv inputs, per channel
+ *   q, k  = l2norm per head (k heads), q / sqrt(d); v: H_v heads of d
+ *   per v head h (q, k from k head h % H_k, as the reference tiles them):
+ *     S    = S * exp(g_h)                  S [d (v)][d (k)]
+ *     S   += (v - S k) beta_h  outer  k
+ *     o    = S q
+ *   out   = (rmsnorm(o) * ssm_norm) * silu(z) per head,  @ W_out
+ *
+ * The matmuls take the whole batch; the recurrence goes token after token.
+ * State: per layer, the last d_conv - 1 inputs of the convolution and the H_v
+ * matrices S, in the context (zeroed by eng_ctx_reset).  Runs on the
+ * caller's thread: the state update is d^2 per head and token, small next to
+ * the matmuls.
+ */
+#include "model_i.h"
+
+#include <math.h>
+#include <string.h>
+
+static float sigmoid(float x)
+{
+	return 1.0f / (1.0f + expf(-x));
+}
+
+static float silu(float x)
+{
+	return x / (1.0f + expf(-x));
+}
+
+static float softplus(float x)
+{
+	return x > 20.0f ? x : logf(1.0f + expf(x));
+}
+
+/* x / max(|x|, eps), the sum of squares in double as ggml's l2_norm */
+static void l2norm(float *x, uint32_t n, float eps)
+{
+	double ss = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		ss += (double)(x[i] * x[i]);
+	float scale = 1.0f / fmaxf(sqrtf((float)ss), eps);
+	for (uint32_t i = 0; i < n; i++)
+		x[i] *= scale;
+}
+
+/* Sum of float products, in double (ggml's sum_rows of a product). */
+static float dot_d(const float *a, const float *b, uint32_t n)
+{
+	double s = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		s += (double)(a[i] * b[i]);
+	return (float)s;
+}
+
+/* One token through the convolution and the recurrence: qkv (conv_dim
+ * channels) in place becomes the token's output o [value_dim]. */
+static void step(struct eng_ctx *c, const struct layer_w *w, float *conv_state, float *S,
+		 float *qkv, const float *beta, const float *g, float *o)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	uint32_t d = hp->ssm_d_state, Hk = hp->ssm_n_k_heads, Hv = hp->ssm_n_v_heads;
+	uint32_t K = hp->ssm_d_conv;
+	size_t key_dim = (size_t)Hk * d, conv_dim = 2 * key_dim + hp->ssm_d_inner;
+	const float *kern = (const float *)w->ssm_conv.data; /* [conv_dim][K] */
+
+	/* causal convolution over (state, this input), then silu; the state
+	 * keeps the last K - 1 inputs */
+	for (size_t ch = 0; ch < conv_dim; ch++) {
+		float sum = 0.0f;
+
+		for (uint32_t j = 0; j + 1 < K; j++)
+			sum += conv_state[j * conv_dim + ch] * kern[ch * K + j];
+		sum += qkv[ch] * kern[ch * K + K - 1];
+		for (uint32_t j = 0; j + 2 < K; j++)
+			conv_state[j * conv_dim + ch] = conv_state[(j + 1) * conv_dim + ch];
+		if (K > 1)
+			conv_state[(K - 2) * conv_dim + ch] = qkv[ch];
+		qkv[ch] = silu(sum);
+	}
+
+	float *q = qkv, *k = qkv + key_dim, *v = qkv + 2 * key_dim;
+	float qscale = 1.0f / sqrtf((float)d);
+
+	for (uint32_t h = 0; h < Hk; h++) {
+		l2norm(q + h * d, d, hp->norm_eps);
+		l2norm(k + h * d, d, hp->norm_eps);
+		for (uint32_t i = 0; i < d; i++)
+			q[h * d + i] *= qscale;
+	}
+	for (uint32_t h = 0; h < Hv; h++) {
+		float *s = S + (size_t)h * d * d; /* s[i][j]: value i, key j */
+		const float *kh = k + (h % Hk) * d, *qh = q + (h % Hk) * d, *vh = v + h * d;
+		float decay = expf(g[h]);
+
+		for (size_t i = 0; i < (size_t)d * d; i++)
+			s[i] *= decay;
+		for (uint32_t i = 0; i < d; i++) {
+			float delta = (vh[i] - dot_d(s + (size_t)i * d, kh, d)) * beta[h];
+
+			for (uint32_t j = 0; j < d; j++)
+				s[(size_t)i * d + j] += kh[j] * delta;
+		}
+		for (uint32_t i = 0; i < d; i++)
+			o[h * d + i] = dot_d(s + (size_t)i * d, qh, d);
+	}
+}
+
+void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct layer_w *w = &c->m->layers[l];
+	uint32_t d = hp->ssm_d_state, Hv = hp->ssm_n_v_heads, V = hp->ssm_d_inner;
+	uint32_t K = hp->ssm_d_conv;
+	size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * d + V;
+	float *qkv = c->ssm_buf;                      /* [nb][conv_dim] */
+	float *z = qkv + (size_t)nb * conv_dim;       /* [nb][V] */
+	float *beta = z + (size_t)nb * V;             /* [nb][Hv] */
+	float *g = beta + (size_t)nb * Hv;            /* [nb][Hv] */
+	float *o = g + (size_t)nb * Hv;               /* [nb][V] */
+	float *conv_state = c->conv_state + (size_t)w->slot * (K - 1) * conv_dim;
+	float *S = c->ssm_state + (size_t)w->slot * Hv * d * d;
+	const float *dt = (const float *)w->ssm_dt.data, *a = (const float *)w->ssm_a.data;
+	const float *nw = (const float *)w->ssm_norm.data;
+
+	/* the projections, for the whole batch */
+	{
+		const struct wt *ws[2] = { &w->ssm_qkv, &w->ssm_gate };
+		float *outs[2] = { qkv, z };
+
+		matmul_shared(c, 2, ws, outs, c->xb, nb);
+	}
+	{
+		const struct wt *ws[2] = { &w->ssm_beta, &w->ssm_alpha };
+		float *outs[2] = { beta, g };
+
+		matmul_shared(c, 2, ws, outs, c->xb, nb);
+	}
+	for (uint32_t b = 0; b < nb; b++)
+		for (uint32_t h = 0; h < Hv; h++) {
+			beta[b * Hv + h] = sigmoid(beta[b * Hv + h]);
+			g[b * Hv + h] = softplus(g[b * Hv + h] + dt[h]) * a[h];
+		}
+
+	/* the recurrence, token after token; then the gated norm per head */
+	for (uint32_t b = 0; b < nb; b++) {
+		float *ob = o + (size_t)b * V;
+		const float *zb = z + (size_t)b * V;
+
+		step(c, w, conv_state, S, qkv + b * conv_dim, beta + b * Hv, g + b * Hv, ob);
+		for (uint32_t h = 0; h < Hv; h++) {
+			rmsnorm(ob + h * d, ob + h * d, nw, d, hp->norm_eps);
+			for (uint32_t i = 0; i < d; i++)
+				ob[h * d + i] *= silu(zb[h * d + i]);
+		}
+	}
+	matmul1(c, &w->ssm_out, c->xb, o, nb);
+}

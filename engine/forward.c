@@ -1,0 +1,629 @@
+/*
+ * forward.c - the run state (eng_ctx) and the forward pass: the blocks every
+ * architecture shares (norms, RoPE, attention, feed-forward), written once
+ * and steered by the architecture's description (model_i.h, arch.c).
+ *
+ * The pass takes a batch of tokens through one layer at a time (all of a
+ * prompt batch goes through layer L before layer L+1 is read, so a streamed
+ * layer is read once per batch).  Per layer:
+ *
+ *   x      [B][n_embd]                       residual stream
+ *   xb     = rmsnorm(x) * attn_norm
+ *   q,k,v  = xb @ Wq, Wk, Wv (+ bias)        [B][q_dim], [B][kv_dim] x2
+ *   q,k    = rope(rmsnorm_per_head(q, k))    (the per-head norm if the arch has it)
+ *   xb2    = attention(q, KV cache)           causal, GQA, maybe a sliding window,
+ *                                             maybe soft-capped scores
+ *   x     += (rmsnorm(xb2 @ Wo) * post_attn_norm)   (the norm if the arch has it)
+ *   xb     = rmsnorm(x) * ffn_norm
+ *   x     += (rmsnorm(act(xb @ Wgate) * (xb @ Wup) @ Wdown) * post_ffn_norm)
+ *
+ * then logits = rmsnorm(x) * output_norm @ Woutput, soft-capped if the arch
+ * says so.
+ *
+ * Threading: matmuls split weight rows over the pool (matmul.c), attention
+ * splits (token, head) pairs; everything else is cheap and runs on the
+ * caller.  All buffers are allocated in eng_ctx_create: no allocation
+ * happens per token.
+ */
+#include "model_i.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the run state ---------------------------------------------------- */
+
+static void *xcalloc(struct eng_ctx *c, size_t n, size_t sz)
+{
+	void *p;
+
+	if (n && sz > SIZE_MAX / n)
+		return NULL;
+	p = calloc(n ? n : 1, sz);
+	if (p)
+		c->bytes += n * sz;
+	return p;
+}
+
+int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
+		   struct eng_ctx **out, char *err, size_t errlen)
+{
+	const struct eng_hparams *hp = &m->hp;
+	struct eng_ctx *c;
+	unsigned nth;
+	size_t kv_elems, max_in;
+	int rc;
+
+	*out = NULL;
+	if (m->vocab_only) {
+		snprintf(err, errlen, "the model was loaded for its vocabulary only");
+		return -EINVAL;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		goto oom;
+	c->m = m;
+	c->k = eng_kernels_get();
+	c->n_ctx = cfg->n_ctx ? cfg->n_ctx
+			      : (hp->n_ctx_train < MAX_CTX_DEFAULT ? hp->n_ctx_train
+								   : MAX_CTX_DEFAULT);
+	if (c->n_ctx == 0)
+		c->n_ctx = MAX_CTX_DEFAULT;
+	if (c->n_ctx > 1u << 20) {
+		snprintf(err, errlen, "context of %u tokens is too large", c->n_ctx);
+		eng_ctx_destroy(c);
+		return -EINVAL;
+	}
+	/* 256: a streamed layer is read once per 256 prompt tokens, not four
+	 * times as with 64 (benchmarks.md, Streaming: a 256-token prompt at
+	 * half the layers resident 1.14x the resident time, not 1.50x), for
+	 * about 0.25 MB a token of activations, touched only by prompts that
+	 * long (0.75 MB where every token's logits are kept, as in eval); no
+	 * slower resident (256-token prompt 31.4 tok/s, 64: 30.8). */
+	c->n_batch = cfg->n_batch ? cfg->n_batch : 256;
+	if (c->n_batch > c->n_ctx)
+		c->n_batch = c->n_ctx;
+	nth = cfg->n_threads ? cfg->n_threads : eng_cpu_count();
+	c->n_threads = nth;
+	c->q_dim = hp->n_head * hp->head_dim;
+	c->kv_dim = hp->n_head_kv * hp->head_dim;
+
+	rc = eng_pool_create(nth, &c->pool);
+	if (rc) {
+		snprintf(err, errlen, "cannot start %u threads", nth);
+		eng_ctx_destroy(c);
+		return rc;
+	}
+	/* only attention layers hold KV cache; a hybrid's recurrent layers
+	 * hold a small state each instead */
+	kv_elems = (size_t)m->n_kv_layers * c->n_ctx * c->kv_dim;
+	c->kcache = xcalloc(c, kv_elems, sizeof(eng_fp16_t));
+	c->vcache = xcalloc(c, kv_elems, sizeof(eng_fp16_t));
+	max_in = hp->n_embd > c->q_dim ? hp->n_embd : c->q_dim;
+	max_in = max_in > hp->ssm_d_inner ? max_in : hp->ssm_d_inner;
+	c->x = xcalloc(c, (size_t)c->n_batch * hp->n_embd, sizeof(float));
+	c->xb = xcalloc(c, (size_t)c->n_batch * max_in, sizeof(float));
+	c->xb2 = xcalloc(c, (size_t)c->n_batch * max_in, sizeof(float));
+	c->q = xcalloc(c, (size_t)c->n_batch * c->q_dim * (m->arch->gated_q ? 2 : 1),
+		       sizeof(float));
+	c->qgate = xcalloc(c, m->arch->gated_q ? (size_t)c->n_batch * c->q_dim : 0, sizeof(float));
+	if (m->n_rs_layers) {
+		size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
+
+		c->conv_state = xcalloc(c, (size_t)m->n_rs_layers * (hp->ssm_d_conv - 1) * conv_dim,
+					sizeof(float));
+		c->ssm_state = xcalloc(c, (size_t)m->n_rs_layers * hp->ssm_n_v_heads *
+						  hp->ssm_d_state * hp->ssm_d_state,
+				       sizeof(float));
+		c->ssm_buf = xcalloc(c, (size_t)c->n_batch * (conv_dim + 2 * hp->ssm_d_inner +
+							     2 * hp->ssm_n_v_heads),
+				     sizeof(float));
+		if (!c->conv_state || !c->ssm_state || !c->ssm_buf)
+			goto oom;
+	}
+	c->kb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
+	c->vb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
+	c->hb = xcalloc(c, (size_t)c->n_batch * hp->n_ff, sizeof(float));
+	c->hb2 = xcalloc(c, (size_t)c->n_batch * hp->n_ff, sizeof(float));
+	c->att = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(float));
+	c->vrow = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(float));
+	c->vacc = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(double));
+	c->q16 = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(eng_fp16_t));
+	c->logits = xcalloc(c, (size_t)c->n_batch * hp->n_vocab, sizeof(float));
+	c->theta[0] = xcalloc(c, hp->n_rot / 2, sizeof(float));
+	c->theta[1] = xcalloc(c, hp->n_rot / 2, sizeof(float));
+	/* Widest quantized activation row: any matmul input, in any vec_dot
+	 * format (F32 rows are the largest: 4 bytes per element; a Q8_0 row
+	 * and its pack8 copy after it take 2.3 and up to 63 of alignment). */
+	max_in = max_in > hp->n_ff ? max_in : hp->n_ff;
+	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
+	c->qact = xcalloc(c, (size_t)c->n_batch, c->qact_stride);
+	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
+	if (!c->kcache || !c->vcache || !c->x || !c->xb || !c->xb2 || !c->q || !c->kb || !c->vb ||
+	    !c->hb || !c->hb2 || !c->att || !c->vrow || !c->vacc || !c->q16 || !c->logits ||
+	    !c->theta[0] || !c->theta[1] || !c->qact || !c->layer_ns || !c->qgate)
+		goto oom;
+
+	/* theta for pair i at position p is p * freq_scale * base^(-2i/n_rot)
+	 * (divided by the pair's factor if the model has rope factors),
+	 * computed as the reference does: repeated multiplication in float.
+	 * Table 1 is for sliding-window layers with a base of their own. */
+	{
+		const float *ff = (const float *)m->rope_freqs.data;
+
+		if (hp->rope_longrope) /* the long factors only beyond the trained context */
+			ff = (const float *)(c->n_ctx > hp->n_ctx_orig ? m->rope_long.data
+								       : m->rope_short.data);
+		for (int set = 0; set < 2; set++) {
+			float base = set ? hp->rope_base_local : hp->rope_base;
+			float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
+			float t = 1.0f;
+
+			for (uint32_t i = 0; i < hp->n_rot / 2; i++) {
+				float f;
+
+				if (ff)
+					memcpy(&f, &ff[i], sizeof(f));
+				c->theta[set][i] = ff ? t / f : t;
+				t *= theta_scale;
+			}
+		}
+		c->rope_mscale = hp->rope_attn_factor;
+	}
+	*out = c;
+	return 0;
+oom:
+	snprintf(err, errlen, "out of memory allocating the context");
+	eng_ctx_destroy(c);
+	return -ENOMEM;
+}
+
+void eng_ctx_destroy(struct eng_ctx *c)
+{
+	if (!c)
+		return;
+	eng_pool_destroy(c->pool);
+	free(c->kcache);
+	free(c->vcache);
+	free(c->x);
+	free(c->xb);
+	free(c->xb2);
+	free(c->q);
+	free(c->kb);
+	free(c->vb);
+	free(c->hb);
+	free(c->hb2);
+	free(c->att);
+	free(c->vrow);
+	free(c->vacc);
+	free(c->q16);
+	free(c->logits);
+	free(c->qgate);
+	free(c->conv_state);
+	free(c->ssm_state);
+	free(c->ssm_buf);
+	free(c->theta[0]);
+	free(c->theta[1]);
+	free(c->qact);
+	free(c->layer_ns);
+	free(c);
+}
+
+uint64_t eng_ctx_bytes(const struct eng_ctx *c)
+{
+	return c->bytes;
+}
+
+const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c)
+{
+	return c->layer_ns;
+}
+
+uint64_t eng_ctx_outside_ns(const struct eng_ctx *c)
+{
+	return c->outside_ns;
+}
+
+uint32_t eng_ctx_n_ctx(const struct eng_ctx *c)
+{
+	return c->n_ctx;
+}
+
+uint32_t eng_ctx_n_past(const struct eng_ctx *c)
+{
+	return c->n_past;
+}
+
+void eng_ctx_reset(struct eng_ctx *c)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+
+	c->n_past = 0;
+	/* a new sequence: the recurrent layers start from zero */
+	if (c->m->n_rs_layers) {
+		size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
+
+		memset(c->conv_state, 0, (size_t)c->m->n_rs_layers * (hp->ssm_d_conv - 1) *
+						 conv_dim * sizeof(float));
+		memset(c->ssm_state, 0, (size_t)c->m->n_rs_layers * hp->ssm_n_v_heads *
+						hp->ssm_d_state * hp->ssm_d_state * sizeof(float));
+	}
+}
+
+/* ---- the blocks ------------------------------------------------------- */
+
+void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
+	double ss = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		ss += (double)(x[i] * x[i]); /* float square, double sum: as ggml */
+	float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+	for (uint32_t i = 0; i < n; i++)
+		out[i] = x[i] * scale * w[i];
+}
+
+/* rmsnorm of nb rows of n, with the weight vector of wt w */
+static void rmsnorm_rows(float *out, const float *x, const struct wt *w, uint32_t nb, uint32_t n,
+			 float eps)
+{
+	for (uint32_t b = 0; b < nb; b++)
+		rmsnorm(out + (size_t)b * n, x + (size_t)b * n, (const float *)w->data, n, eps);
+}
+
+static void add_bias(float *x, const struct wt *b, uint32_t n)
+{
+	const float *v = (const float *)b->data;
+
+	if (!v)
+		return;
+	for (uint32_t i = 0; i < n; i++)
+		x[i] += v[i];
+}
+
+static void add(float *x, const float *y, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] += y[i];
+}
+
+/* Rotate the first n_rot dimensions of each of n_heads heads of v for
+ * position pos, with a layer's frequency table and scale. */
+static void rope(const struct eng_ctx *c, float *v, uint32_t n_heads, uint32_t pos,
+		 const float *theta_base, float freq_scale)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	uint32_t half = hp->n_rot / 2;
+	bool norm = hp->rope_kind == ENG_ROPE_NORM;
+
+	for (uint32_t i = 0; i < half; i++) {
+		float theta = (float)pos * freq_scale * theta_base[i];
+		float cs = cosf(theta) * c->rope_mscale, sn = sinf(theta) * c->rope_mscale;
+
+		for (uint32_t h = 0; h < n_heads; h++) {
+			float *x = v + (size_t)h * hp->head_dim;
+			uint32_t i0 = norm ? 2 * i : i, i1 = norm ? 2 * i + 1 : i + half;
+			float x0 = x[i0], x1 = x[i1];
+
+			x[i0] = x0 * cs - x1 * sn;
+			x[i1] = x0 * sn + x1 * cs;
+		}
+	}
+}
+
+/* GELU, tanh approximation, as the reference computes it: on the input
+ * rounded to f16, the result rounded to f16 (its table of all f16 inputs). */
+static float gelu(float x)
+{
+	if (x <= -10.0f)
+		return 0.0f;
+	if (x >= 10.0f)
+		return x;
+	float h = eng_fp16_to_fp32(eng_fp32_to_fp16(x));
+	float g = 0.5f * h * (1.0f + tanhf(0.79788456080286535587989211986876f * h *
+					    (1.0f + 0.044715f * h * h)));
+
+	return eng_fp16_to_fp32(eng_fp32_to_fp16(g));
+}
+
+static void softcap(float *x, size_t n, float cap)
+{
+	float inv = 1.0f / cap;
+
+	for (size_t i = 0; i < n; i++)
+		x[i] = tanhf(x[i] * inv) * cap;
+}
+
+struct attn_job {
+	struct eng_ctx *c;
+	uint32_t layer, nb, pos0;
+};
+
+/*
+ * One (token, head) pair per work item: scores over the cached keys (the
+ * last n_swa of them on a sliding-window layer), softmax, weighted sum of the
+ * cached values.  The cache is f16, and like the reference engine the query
+ * is rounded to f16 for the q.k products and the attention weights are
+ * rounded to f16 for the weighted sum: on models whose scores are large this
+ * rounding is visible in the logits, so matching it is what keeps strata
+ * within tolerance of the reference.
+ */
+static void attn_worker(void *arg, unsigned ith, unsigned nth)
+{
+	const struct attn_job *j = arg;
+	struct eng_ctx *c = j->c;
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct layer_w *lw = &c->m->layers[j->layer];
+	uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+	size_t layer_off = (size_t)lw->slot * c->n_ctx * c->kv_dim;
+	float *att = c->att + (size_t)ith * c->n_ctx;
+	float *vrow = c->vrow + (size_t)ith * hd;
+	double *vacc = c->vacc + (size_t)ith * hd;
+	eng_fp16_t *q16 = c->q16 + (size_t)ith * hd;
+	/* a pre-scaled q (gemma, phi3) leaves the scores as they are */
+	float scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale;
+	float cap = hp->attn_softcap;
+	uint32_t items = j->nb * hp->n_head;
+	eng_vec_dot_fn dot16 = c->k->vec_dot[ENG_TYPE_F16];
+	eng_from_float_fn to16 = c->k->from_float[ENG_TYPE_F16];
+	eng_to_float_fn f16 = c->k->to_float[ENG_TYPE_F16];
+
+	for (uint32_t it = items * ith / nth; it < items * (ith + 1) / nth; it++) {
+		uint32_t b = it / hp->n_head, h = it % hp->n_head, kvh = h / group;
+		uint32_t pos = j->pos0 + b;
+		/* keys t with pos - t < n_swa, as the reference's mask */
+		uint32_t t0 = lw->n_swa && pos >= lw->n_swa ? pos + 1 - lw->n_swa : 0;
+		uint32_t n_keys = pos + 1 - t0;
+		const float *q = c->q + (size_t)b * c->q_dim + (size_t)h * hd;
+		float *out = c->xb2 + (size_t)b * c->q_dim + (size_t)h * hd;
+		const eng_fp16_t *kbase = c->kcache + layer_off + (size_t)t0 * c->kv_dim +
+					  (size_t)kvh * hd;
+		const eng_fp16_t *vbase = c->vcache + layer_off + (size_t)t0 * c->kv_dim +
+					  (size_t)kvh * hd;
+		float mx = -INFINITY;
+		double sum = 0;
+
+		to16(q, q16, hd);
+		for (uint32_t t = 0; t < n_keys; t++) {
+			float s;
+
+			dot16(hd, &s, kbase + (size_t)t * c->kv_dim, q16);
+			if (cap > 0)
+				s = tanhf(s * (1.0f / cap)) * cap;
+			att[t] = s * scale;
+			if (att[t] > mx)
+				mx = att[t];
+		}
+		for (uint32_t t = 0; t < n_keys; t++) {
+			att[t] = expf(att[t] - mx);
+			sum += att[t];
+		}
+		float inv = (float)(1.0 / sum);
+		/* float products summed in double, as ggml's f16 dot does for
+		 * these rows: the weighted sum is as sensitive as the scores */
+		memset(vacc, 0, hd * sizeof(double));
+		for (uint32_t t = 0; t < n_keys; t++) {
+			float a = eng_fp16_to_fp32(eng_fp32_to_fp16(att[t] * inv));
+
+			f16(vbase + (size_t)t * c->kv_dim, vrow, hd);
+			for (uint32_t d = 0; d < hd; d++)
+				vacc[d] += (double)(a * vrow[d]);
+		}
+		for (uint32_t d = 0; d < hd; d++)
+			out[d] = (float)vacc[d];
+	}
+}
+
+/* x += attention(rmsnorm(x)) for the nb tokens at n_past.. */
+static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct layer_w *w = &c->m->layers[l];
+	uint32_t E = hp->n_embd, hd = hp->head_dim;
+	size_t layer_off = (size_t)w->slot * c->n_ctx * c->kv_dim;
+	const float *theta = c->theta[w->local_rope];
+	float freq_scale = w->local_rope ? 1.0f : hp->rope_freq_scale;
+
+	/* xb = rmsnorm(x); q, k, v = xb @ Wq, Wk, Wv */
+	rmsnorm_rows(c->xb, c->x, &w->attn_norm, nb, E, hp->norm_eps);
+	{
+		const struct wt *ws[3] = { &w->wq, &w->wk, &w->wv };
+		float *outs[3] = { c->q, c->kb, c->vb };
+
+		matmul_shared(c, 3, ws, outs, c->xb, nb);
+	}
+	/* a gated q (qwen35) came as [q_h | gate_h] per head: q packed to the
+	 * front of c->q, the gates aside */
+	if (c->m->arch->gated_q)
+		for (uint32_t b = 0; b < nb; b++)
+			for (uint32_t h = 0; h < hp->n_head; h++) {
+				const float *src = c->q + ((size_t)b * hp->n_head + h) * 2 * hd;
+
+				memcpy(c->qgate + (size_t)b * c->q_dim + h * hd, src + hd,
+				       hd * sizeof(float));
+				memmove(c->q + (size_t)b * c->q_dim + h * hd, src, hd * sizeof(float));
+			}
+	for (uint32_t b = 0; b < nb; b++) {
+		float *q = c->q + (size_t)b * c->q_dim;
+		float *k = c->kb + (size_t)b * c->kv_dim;
+		float *v = c->vb + (size_t)b * c->kv_dim;
+		uint32_t pos = c->n_past + b;
+		eng_fp16_t *kc = c->kcache + layer_off + (size_t)pos * c->kv_dim;
+		eng_fp16_t *vc = c->vcache + layer_off + (size_t)pos * c->kv_dim;
+
+		add_bias(q, &w->bq, c->q_dim);
+		add_bias(k, &w->bk, c->kv_dim);
+		add_bias(v, &w->bv, c->kv_dim);
+		if (w->q_norm.data) {
+			for (uint32_t h = 0; h < hp->n_head; h++)
+				rmsnorm(q + h * hd, q + h * hd, (const float *)w->q_norm.data, hd,
+					hp->norm_eps);
+			for (uint32_t h = 0; h < hp->n_head_kv; h++)
+				rmsnorm(k + h * hd, k + h * hd, (const float *)w->k_norm.data, hd,
+					hp->norm_eps);
+		}
+		rope(c, q, hp->n_head, pos, theta, freq_scale);
+		rope(c, k, hp->n_head_kv, pos, theta, freq_scale);
+		if (c->m->arch->q_prescale)
+			for (uint32_t i = 0; i < c->q_dim; i++)
+				q[i] *= hp->attn_scale;
+		for (uint32_t i = 0; i < c->kv_dim; i++) {
+			kc[i] = eng_fp32_to_fp16(k[i]);
+			vc[i] = eng_fp32_to_fp16(v[i]);
+		}
+	}
+
+	/* xb2 = attention(q, cache); xb = xb2 @ Wo (normed); x += xb */
+	{
+		struct attn_job j = { c, l, nb, c->n_past };
+
+		eng_pool_run(c->pool, attn_worker, &j);
+	}
+	if (c->m->arch->gated_q)
+		for (size_t i = 0; i < (size_t)nb * c->q_dim; i++)
+			c->xb2[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));
+	matmul1(c, &w->wo, c->xb, c->xb2, nb);
+	if (w->post_attn_norm.data)
+		rmsnorm_rows(c->xb, c->xb, &w->post_attn_norm, nb, E, hp->norm_eps);
+	add(c->x, c->xb, (size_t)nb * E);
+}
+
+/* x += ffn(rmsnorm(x)) */
+static void ffn_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct layer_w *w = &c->m->layers[l];
+	uint32_t E = hp->n_embd;
+	size_t n = (size_t)nb * hp->n_ff;
+
+	rmsnorm_rows(c->xb, c->x, &w->ffn_norm, nb, E, hp->norm_eps);
+	{
+		const struct wt *ws[2] = { &w->gate, &w->up };
+		float *outs[2] = { c->hb, c->hb2 };
+
+		matmul_shared(c, 2, ws, outs, c->xb, nb);
+	}
+	if (c->m->arch->act == ACT_GELU_TANH) {
+		for (size_t i = 0; i < n; i++)
+			c->hb[i] = gelu(c->hb[i]) * c->hb2[i];
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			float g = c->hb[i];
+
+			c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
+		}
+	}
+	matmul1(c, &w->down, c->xb, c->hb, nb);
+	if (w->post_ffn_norm.data)
+		rmsnorm_rows(c->xb, c->xb, &w->post_ffn_norm, nb, E, hp->norm_eps);
+	add(c->x, c->xb, (size_t)nb * E);
+}
+
+/* x += deltanet(rmsnorm(x)): a hybrid's recurrent token mixer */
+static void deltanet_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+
+	rmsnorm_rows(c->xb, c->x, &c->m->layers[l].attn_norm, nb, hp->n_embd, hp->norm_eps);
+	deltanet_forward(c, l, nb);
+	add(c->x, c->xb, (size_t)nb * hp->n_embd);
+}
+
+static void layer_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	if (c->m->layers[l].recurrent)
+		deltanet_block(c, l, nb);
+	else
+		attention_block(c, l, nb);
+	ffn_block(c, l, nb);
+}
+
+/* This thread's CPU time: what a layer costs it, whatever else ran on its
+ * core meanwhile or how long it slept on a page fault. */
+static uint64_t cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One batch of nb tokens at positions n_past..; logits for rows [first, nb). */
+static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, uint32_t first,
+			  float *logits)
+{
+	const struct eng_model *m = c->m;
+	const struct eng_hparams *hp = &m->hp;
+	uint32_t E = hp->n_embd;
+	uint32_t n_out = nb - first;
+
+	for (uint32_t b = 0; b < nb; b++)
+		c->k->to_float[m->tok_embd.type](m->tok_embd.data +
+							 (size_t)tok[b] * m->tok_embd.row_bytes,
+						 c->x + (size_t)b * E, E);
+	if (m->arch->embd_scale) {
+		float s = sqrtf((float)E);
+
+		for (size_t i = 0; i < (size_t)nb * E; i++)
+			c->x[i] *= s;
+	}
+	/* Each layer's CPU time on this thread (a clock read costs well under
+	 * a microsecond; a layer, milliseconds), and the rest of the pass's:
+	 * the pager's speed predictor learns from them what compute costs
+	 * with nothing streaming. */
+	uint64_t t0 = cpu_ns(), t = t0;
+
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		uint64_t t1;
+
+		layer_forward(c, l, nb);
+		t1 = cpu_ns();
+		c->layer_ns[l] = t1 - t;
+		t = t1;
+	}
+	if (!logits) {
+		c->outside_ns = 0;
+		c->n_past += nb;
+		return;
+	}
+	rmsnorm_rows(c->xb, c->x + (size_t)first * E, &m->out_norm, n_out, E, hp->norm_eps);
+	matmul1(c, &m->output, c->logits, c->xb, n_out);
+	if (hp->final_softcap > 0)
+		softcap(c->logits, (size_t)n_out * hp->n_vocab, hp->final_softcap);
+	memcpy(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
+	c->n_past += nb;
+	c->outside_ns = cpu_ns() - t;
+}
+
+int eng_decode(struct eng_ctx *c, const int32_t *tokens, size_t n, float *logits,
+	       bool all_logits)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+
+	if (n == 0)
+		return 0;
+	if (n > c->n_ctx - c->n_past)
+		return -ENOSPC;
+	for (size_t i = 0; i < n; i++)
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
+			return -EINVAL;
+	for (size_t i = 0; i < n; i += c->n_batch) {
+		uint32_t nb = (uint32_t)(n - i < c->n_batch ? n - i : c->n_batch);
+		bool last = i + nb == n;
+		float *out = NULL;
+		uint32_t first = nb - 1;
+
+		if (logits && all_logits) {
+			out = logits + i * hp->n_vocab;
+			first = 0;
+		} else if (logits && last) {
+			out = logits;
+		}
+		forward_batch(c, tokens + i, nb, first, out);
+	}
+	return 0;
+}
+

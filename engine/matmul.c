@@ -1,0 +1,188 @@
+/*
+ * matmul.c - weight matrix times a batch of activations, on the context's
+ * thread pool.
+ *
+ * The activations are converted once per call into the weight type's
+ * vec_dot_type (quant.h), packed if the kernel set wants, and the weight rows
+ * are shared out in chunks; each row goes through the kernel set's vec_dot16,
+ * vec_dot8 or vec_dot, which give bit-identical results, so how rows are
+ * grouped never changes a logit.  Nothing is allocated here: the converted
+ * activations live in the context (qact).
+ */
+#include "model_i.h"
+
+#include <assert.h>
+#include <stdatomic.h>
+
+#define MATMUL_TILE 16 /* weight rows kept hot in cache across a batch: one vec_dot16 */
+
+/*
+ * Up to three matmuls sharing one input: out_j[b][r] = W_j[r] . in[b].  The
+ * threads take chunks of rows from a shared counter, in order over the n
+ * weights, rather than fixed shares, so one slow thread (the machine is
+ * shared, the memory bandwidth too) does not leave the other waiting.  A
+ * chunk is about 1024 token-rows: big for a decode step (cold starts cost:
+ * each chunk begins without the kernels' prefetch running ahead), down to 64
+ * rows for a prompt, and at most about 2 MiB of weights: an 8B-shaped
+ * ffn_down (14336 columns, 8-12 KB a row) was otherwise four chunks for two
+ * threads, and a thread slowed for a moment left the other idle for up to a
+ * quarter of the matrix.  The counter lives in the job, on the caller's
+ * stack: nothing is allocated per matmul.
+ */
+#define MATMUL_CHUNK 64 /* rows: the smallest chunk, a multiple of MATMUL_TILE and 8 */
+#define MATMUL_CHUNK_WORK 1024 /* token-rows per chunk */
+#define MATMUL_CHUNK_BYTES (2u << 20) /* weight bytes per chunk, at most */
+
+struct mm_job {
+	unsigned n;
+	const struct wt *w[3];
+	float *out[3];
+	uint64_t chunk;     /* rows per chunk */
+	uint64_t chunks[3]; /* chunks of weight m: chunks[m] - chunks[m - 1] */
+	_Atomic uint64_t next; /* next chunk to take, over all n weights */
+	const uint8_t *act;  /* nb rows of act_stride bytes, in vec_dot_type */
+	const uint8_t *act8; /* the same for vec_dot8/16: pack8'ed if the set packs */
+	size_t act_stride;
+	uint32_t nb;
+	const struct eng_kernels *k;
+};
+
+/* The 8 or 16 rows of weight w at r (fn is vec_dot8 or vec_dot16) by all
+ * tokens, up to max_nt (ENG_DOT8_NT or ENG_DOT16_NT) at a time. */
+static void mm_group(const struct mm_job *j, eng_vec_dot8_fn fn, unsigned max_nt,
+		     const struct wt *w, float *out, uint64_t r)
+{
+	for (uint32_t b = 0; b < j->nb; b += max_nt) {
+		unsigned nt = j->nb - b < max_nt ? j->nb - b : max_nt;
+
+		fn(w->ne0, nt, &out[b * w->ne1 + r], w->ne1, w->data + r * w->row_bytes,
+		   w->row_bytes, j->act8 + b * j->act_stride, j->act_stride);
+	}
+}
+
+/* Rows [r0, r1) of weight w, in tiles of MATMUL_TILE rows. */
+static void mm_rows(const struct mm_job *j, const struct wt *w, float *out, uint64_t r0,
+		    uint64_t r1)
+{
+	eng_vec_dot_fn dot = j->k->vec_dot[w->type];
+	eng_vec_dot8_fn dot8 = j->k->vec_dot8[w->type];
+	eng_vec_dot8_fn dot16 = j->k->vec_dot16[w->type];
+
+	for (uint64_t t0 = r0; t0 < r1; t0 += MATMUL_TILE) {
+		uint64_t t1 = t0 + MATMUL_TILE < r1 ? t0 + MATMUL_TILE : r1;
+		uint64_t r = t0;
+
+		/* sixteen or eight rows at a time (a Q4_0_R16 weight has
+		 * vec_dot16 only: its row count is a multiple of 16, checked by
+		 * gguf.c, and chunks are multiples of 16, so every tile is
+		 * whole), */
+		if (dot16 && t1 - t0 == 16) {
+			mm_group(j, dot16, ENG_DOT16_NT, w, out, r);
+			r = t1;
+		}
+		for (; dot8 && r + 8 <= t1; r += 8)
+			mm_group(j, dot8, ENG_DOT8_NT, w, out, r);
+		/* then the rows left one by one */
+		for (uint32_t b = 0; b < j->nb; b++)
+			for (uint64_t i = r; i < t1; i++)
+				dot(w->ne0, &out[b * w->ne1 + i], w->data + i * w->row_bytes,
+				    j->act + b * j->act_stride);
+	}
+}
+
+static void mm_worker(void *arg, unsigned ith, unsigned nth)
+{
+	struct mm_job *j = arg;
+	unsigned m = 0;
+
+	for (;;) {
+		uint64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+
+		while (m < j->n && c >= j->chunks[m])
+			m++;
+		if (m == j->n)
+			return;
+
+		const struct wt *w = j->w[m];
+		uint64_t r0 = (c - (m ? j->chunks[m - 1] : 0)) * j->chunk;
+		uint64_t r1 = r0 + j->chunk < w->ne1 ? r0 + j->chunk : w->ne1;
+
+		mm_rows(j, w, j->out[m], r0, r1);
+	}
+}
+
+/*
+ * out_j = in @ W_j^T for the n weights given (which share ne0 and type
+ * class); in is [nb][ne0] floats.  Converting the input once serves all.
+ */
+static void matmul(struct eng_ctx *c, unsigned n, const struct wt *const *w, float *const *out,
+		   const float *in, uint32_t nb)
+{
+	struct mm_job j = { .n = n, .nb = nb, .k = c->k };
+	uint64_t ne0 = w[0]->ne0;
+	uint32_t vt = eng_type_info(w[0]->type)->vec_dot_type;
+	size_t row_bytes = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		row_bytes = w[i]->row_bytes > row_bytes ? w[i]->row_bytes : row_bytes;
+	j.chunk = MATMUL_CHUNK_WORK / (nb ? nb : 1);
+	if (j.chunk > MATMUL_CHUNK_BYTES / row_bytes)
+		j.chunk = MATMUL_CHUNK_BYTES / row_bytes;
+	j.chunk = j.chunk / MATMUL_CHUNK * MATMUL_CHUNK;
+	if (j.chunk < MATMUL_CHUNK)
+		j.chunk = MATMUL_CHUNK;
+	for (unsigned i = 0; i < n; i++) {
+		j.w[i] = w[i];
+		j.out[i] = out[i];
+		j.chunks[i] = (i ? j.chunks[i - 1] : 0) + (w[i]->ne1 + j.chunk - 1) / j.chunk;
+	}
+	atomic_init(&j.next, 0);
+	if (vt == ENG_TYPE_F32) {
+		j.act = j.act8 = (const uint8_t *)in;
+		j.act_stride = ne0 * sizeof(float);
+	} else {
+		eng_from_float_fn q = c->k->from_float[vt];
+		eng_pack8_fn pack = c->k->pack8[w[0]->type];
+		/* the packed copy after the row, on its own cache lines */
+		size_t off = pack ? (eng_row_bytes(vt, ne0) + 63) & ~(size_t)63 : 0;
+
+		assert(off + ENG_PACK8_BYTES(ne0) <= c->qact_stride);
+		for (uint32_t b = 0; b < nb; b++) {
+			uint8_t *row = c->qact + b * c->qact_stride;
+
+			q(in + b * ne0, row, ne0);
+			if (pack)
+				pack(row, row + off, ne0);
+		}
+		j.act = c->qact;
+		j.act8 = c->qact + off;
+		j.act_stride = c->qact_stride;
+	}
+	eng_pool_run(c->pool, mm_worker, &j);
+}
+
+void matmul1(struct eng_ctx *c, const struct wt *w, float *out, const float *in,
+		    uint32_t nb)
+{
+	matmul(c, 1, &w, &out, in, nb);
+}
+
+/* Weights sharing an input may still differ in type (Q4_K_M mixes Q4_K and
+ * Q6_K): group only those whose activations are converted (and packed) the
+ * same way. */
+void matmul_shared(struct eng_ctx *c, unsigned n, const struct wt *const *w,
+			  float *const *out, const float *in, uint32_t nb)
+{
+	bool same = true;
+
+	for (unsigned i = 1; i < n; i++)
+		same &= eng_type_info(w[i]->type)->vec_dot_type ==
+				eng_type_info(w[0]->type)->vec_dot_type &&
+			c->k->pack8[w[i]->type] == c->k->pack8[w[0]->type];
+	if (same) {
+		matmul(c, n, w, out, in, nb);
+		return;
+	}
+	for (unsigned i = 0; i < n; i++)
+		matmul1(c, w[i], out[i], in, nb);
+}

@@ -1,0 +1,157 @@
+/*
+ * model_i.h - what the engine's model files share: the per-architecture
+ * description (arch.c), the validated model (model.c), the run state and
+ * the blocks of the forward pass (forward.c, matmul.c, deltanet.c).
+ *
+ * An architecture is the llama block plus a few differences, and
+ * struct arch_desc lists them; nothing outside arch.c tests an
+ * architecture's identity.  The forward pass reads the description and the
+ * per-layer facts (struct layer_w) and does the same steps for every model:
+ *
+ *   x      = embed(token) (* sqrt(n_embd))
+ *   per layer:
+ *     xb   = rmsnorm(x) * attn_norm
+ *     mix  = attention(xb)  or, in a hybrid's recurrent layers, deltanet(xb)
+ *     x   += post_attn_norm ? rmsnorm(mix) * post_attn_norm : mix
+ *     xb   = rmsnorm(x) * ffn_norm
+ *     f    = act(xb @ Wgate) * (xb @ Wup) @ Wdown
+ *     x   += post_ffn_norm ? rmsnorm(f) * post_ffn_norm : f
+ *   logits = rmsnorm(x) * output_norm @ Woutput (soft-capped)
+ */
+#ifndef STRATA_MODEL_I_H
+#define STRATA_MODEL_I_H
+
+#include "engine.h"
+#include "gguf.h"
+#include "quant.h"
+#include "threads.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MAX_CTX_DEFAULT 4096
+
+/* A weight tensor as the forward pass sees it: ne1 rows of ne0 elements at
+ * data.  A fused tensor (phi3's attn_qkv) is bound as several of these, each
+ * a run of its rows: nothing is copied. */
+struct wt {
+	const uint8_t *data;
+	uint32_t type;
+	uint64_t ne0, ne1;
+	size_t row_bytes;
+};
+
+enum ffn_act {
+	ACT_SILU,      /* silu(gate) * up */
+	ACT_GELU_TANH, /* gelu(gate) * up, tanh approximation */
+};
+
+/*
+ * How an architecture differs from llama.  The loader binds the tensors the
+ * flags name and the forward pass applies the steps they name; hyper-
+ * parameters that come from metadata (window, soft-caps, rope bases) are in
+ * eng_hparams.
+ */
+struct arch_desc {
+	const char *name;
+	enum eng_arch id;
+	enum eng_rope_kind rope;
+	enum ffn_act act;
+	bool qkv_bias;      /* attn_{q,k,v}.bias (qwen2) */
+	bool qk_norm;       /* attn_q_norm, attn_k_norm: rmsnorm per head before rope */
+	bool post_norms;    /* post_attention_norm, post_ffw_norm on the block outputs */
+	bool embd_scale;    /* embedding rows times sqrt(n_embd) (gemma) */
+	bool fused_qkv;     /* attn_qkv holds q | k | v (phi3) */
+	bool fused_gate_up; /* ffn_up holds gate | up, each n_ff rows (phi3) */
+	bool q_prescale;    /* q times the attention scale before q.k; else the scores */
+	bool softcap;       /* reads {attn,final}_logit_softcapping (gemma2) */
+	uint32_t swa_period; /* layer l slides its window if l % period < period - 1;
+			      * 1: every layer when a window is given; 0: none */
+	float rope_base_local; /* rope base of sliding-window layers; 0: the global one */
+	bool gated_q;       /* attn_q holds q | gate per head; out *= sigmoid(gate) */
+	const char *ffn_norm; /* the pre-FFN norm's name: "ffn_norm" unless said */
+	bool hybrid;        /* Gated DeltaNet layers between attention layers (qwen35) */
+};
+
+/* Per layer.  Tensors an architecture does not have stay zero. */
+struct layer_w {
+	struct wt attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm;
+	struct wt ffn_norm, gate, up, down, post_ffn_norm;
+	/* Gated DeltaNet (recurrent layers of a hybrid) */
+	struct wt ssm_qkv, ssm_gate, ssm_conv, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm,
+		ssm_out;
+	uint32_t n_swa;    /* keys visible to a query: 0 all, else the last n_swa */
+	bool local_rope;   /* rope with rope_base_local */
+	bool recurrent;    /* a DeltaNet layer: no KV cache */
+	uint32_t slot;     /* its slice of the KV cache, or of the recurrent state */
+};
+
+struct eng_model {
+	struct gguf *g;
+	const struct arch_desc *arch;
+	struct eng_hparams hp;
+	struct eng_tokenizer *tok;
+	struct wt tok_embd, out_norm, output, rope_freqs, rope_long, rope_short;
+	struct layer_w *layers;
+	uint32_t n_kv_layers, n_rs_layers; /* attention and recurrent layers */
+	bool vocab_only;
+};
+
+/* arch.c */
+/* The architecture of g and its hyper-parameters into m->arch, m->hp. */
+int arch_load_hparams(struct eng_model *m, char *err, size_t errlen);
+
+/* model.c: a one-line message into err, returns -EINVAL */
+int __attribute__((format(printf, 3, 4))) load_err(char *err, size_t errlen, const char *fmt,
+						   ...);
+
+/*
+ * The run state: everything a forward pass touches besides the weights,
+ * allocated once in eng_ctx_create.
+ */
+struct eng_ctx {
+	const struct eng_model *m;
+	const struct eng_kernels *k;
+	struct eng_pool *pool;
+	uint32_t n_ctx, n_batch, n_past, n_threads;
+	uint32_t q_dim, kv_dim;
+	eng_fp16_t *kcache, *vcache; /* [n_kv_layers][n_ctx][kv_dim] */
+	float *x, *xb, *xb2;         /* [n_batch][max(n_embd, q_dim, ...)] */
+	float *q, *kb, *vb;          /* [n_batch][q_dim (x2 gated)], [n_batch][kv_dim] x2 */
+	float *qgate;                /* [n_batch][q_dim] a gated q's gate */
+	float *hb, *hb2;             /* [n_batch][n_ff] */
+	float *att;                  /* [n_threads][n_ctx] scores */
+	float *vrow;                 /* [n_threads][head_dim] f16 -> f32 scratch */
+	double *vacc;                /* [n_threads][head_dim] weighted-sum accumulators */
+	eng_fp16_t *q16;             /* [n_threads][head_dim] query rounded to f16 */
+	float *logits;               /* [n_batch][n_vocab] */
+	float *theta[2];             /* [n_rot / 2] per-pair frequency: global, local */
+	float rope_mscale;           /* cos and sin times this (longrope's attn_factor) */
+	/* Gated DeltaNet state and scratch (hybrids only) */
+	float *conv_state;           /* [n_rs_layers][d_conv - 1][conv_dim] */
+	float *ssm_state;            /* [n_rs_layers][n_v_heads][d_state][d_state] */
+	float *ssm_buf;              /* [n_batch][conv_dim + 2 value_dim + 2 n_v_heads] */
+	uint8_t *qact;               /* quantized activations, [n_batch] rows
+				      * (each with its pack8 copy beside it) */
+	size_t qact_stride;
+	uint64_t *layer_ns;          /* [n_layer] each layer's CPU time in the last pass */
+	uint64_t outside_ns;         /* the rest of its CPU time (output, logits) */
+	uint64_t bytes;
+};
+
+/* matmul.c: out_j[b][r] = W_j[r] . in[b] for n (<= 3) weights sharing the
+ * input in ([nb][ne0] floats), on the context's threads. */
+void matmul_shared(struct eng_ctx *c, unsigned n, const struct wt *const *w, float *const *out,
+		   const float *in, uint32_t nb);
+void matmul1(struct eng_ctx *c, const struct wt *w, float *out, const float *in, uint32_t nb);
+
+/* forward.c: blocks deltanet.c shares */
+void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+
+/* deltanet.c: the token mixer of a hybrid's recurrent layer l, for the nb
+ * tokens in c->xb (normed); the result into c->xb ([nb][n_embd]).  Tokens go
+ * through the recurrence one after the other, as the reference feeds them. */
+void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb);
+
+#endif
