@@ -491,9 +491,13 @@ static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a
 {
 	const struct eng_block_q8_0 *x = w;
 	const struct eng_block_q8_0 *y = a;
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK8_0) * sizeof(*x);
 	__m256 acc = _mm256_setzero_ps();
 
 	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		/* the row K_PREFETCH_ROWS ahead, at this one's pace (34-byte
+		 * blocks: a line every other block) */
+		_mm_prefetch(pf + ib * sizeof(*x), _MM_HINT_T1);
 		const __m256i qx = _mm256_loadu_si256((const void *)x[ib].qs);
 		const __m256i qy = _mm256_loadu_si256((const void *)y[ib].qs);
 		const __m256i xl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qx));
