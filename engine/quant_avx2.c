@@ -626,39 +626,6 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
 /* ---- Q4_K, Q5_K ------------------------------------------------------- */
 
 /*
- * The 12 scale bytes b0..b11 (loaded with the 4 bytes after them) to
- * [sc0..sc7, mn0..mn7] (see quant_ref.c's k4_scale_min):
- *   sc_j = b_j & 63, mn_j = b_{j+4} & 63                          (j < 4)
- *   sc_{j+4} = (b_{j+8} & 15) | (b_j >> 6) << 4
- *   mn_{j+4} = (b_{j+8} >> 4) | (b_{j+4} >> 6) << 4
- * in vector registers: three pshufbs and a few masks, where unpacking byte
- * by byte took some forty general-register operations a block and the
- * moves into vector registers after them.  The 16-bit shifts pull bits of
- * the next byte into the top of the low one; the masks drop them.
- */
-static inline __m128i k4_scales_mins(const uint8_t *p)
-{
-	const __m128i v = _mm_loadu_si128((const void *)p);
-	/* [b0..3, b8..11, b4..7, -] & [63, 15, 63, 0] */
-	const __m128i lo = _mm_and_si128(
-		_mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
-		_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
-	/* [-, -, -, b8..11 >> 4] */
-	const __m128i hi = _mm_and_si128(
-		_mm_shuffle_epi8(_mm_srli_epi16(v, 4),
-				 _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11)),
-		_mm_set1_epi8(0x0f));
-	/* [-, b0..3, -, b4..7] >> 6 << 4 */
-	const __m128i top = _mm_and_si128(
-		_mm_srli_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1,
-								  -1, 4, 5, 6, 7)),
-			       2),
-		_mm_set1_epi8(0x30));
-
-	return _mm_or_si128(_mm_or_si128(lo, hi), top);
-}
-
-/*
  * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
  * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
  * no saturation), then madd with the sub-block scale (an int16 pair put in
@@ -697,7 +664,7 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * bsize + 64 * l, _MM_HINT_T1);
 
-		const __m128i sm = k4_scales_mins(five ? x5[i].scales : x4[i].scales);
+		const __m128i sm = k4_scales_mins_ssse3(five ? x5[i].scales : x4[i].scales);
 		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
 		const __m256i scales = _mm256_set_m128i(sc16, sc16);
 		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
@@ -759,131 +726,6 @@ static void vec_dot_q5_k_q8_k(size_t n, float *out, const void *w, const void *a
 	dot_q45_k(n, out, w, a, true);
 }
 
-/*
- * Q4_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
- * token bit-identical to vec_dot_q4_k_q8_k: the same int32 lanes (integer
- * sums: exact in any order) and the same float steps in the same order,
- * one block after the other.  A prompt's tokens share each weight block:
- * its scales are unpacked once, and each 32 bytes of nibbles are split
- * once with their two sub-block scales put in place, for four tokens at a
- * time; per token and 64 elements that leaves the two activation loads,
- * two maddubs, two madds and two adds.  The rows are read one after the
- * other, each front to back (a single stream, as the AVX-512 kernel found
- * fastest from memory), with the row K_PREFETCH_ROWS ahead prefetched.
- */
-#define Q4K_TOKENS 4 /* tokens sharing the unpacked nibbles */
-
-/* Block i of row x by tn (1 to Q4K_TOKENS, a constant where inlined: the
- * token loops unroll and sumi stays in registers) tokens from act. */
-static inline __attribute__((always_inline)) void
-q4_k_block_tn(const struct eng_block_q4_k *x, __m256i scales, __m128i mins, const uint8_t *act,
-	      size_t a_stride, size_t i, const unsigned tn, __m256 *acc, __m128 *acc_m)
-{
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	const float xd = fp16(x->d), xdmin = fp16(x->dmin);
-	const struct eng_block_q8_k *y[Q4K_TOKENS];
-	__m256i sumi[Q4K_TOKENS];
-
-	for (unsigned t = 0; t < tn; t++) {
-		y[t] = (const struct eng_block_q8_k *)(act + t * a_stride) + i;
-		sumi[t] = _mm256_setzero_si256();
-	}
-	for (int j = 0; j < ENG_QK_K / 64; j++) {
-		const __m256i scale_l = _mm256_shuffle_epi8(
-			scales, _mm256_set1_epi16((short)(0x0100 * (4 * j + 1) + 4 * j)));
-		const __m256i scale_h = _mm256_shuffle_epi8(
-			scales, _mm256_set1_epi16((short)(0x0100 * (4 * j + 3) + 4 * j + 2)));
-		const __m256i bits = _mm256_loadu_si256((const void *)(x->qs + 32 * j));
-		const __m256i ql = _mm256_and_si256(bits, m4);
-		const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-
-		for (unsigned t = 0; t < tn; t++) {
-			const int8_t *q8 = y[t]->qs + 64 * j;
-			const __m256i pl = _mm256_madd_epi16(
-				_mm256_maddubs_epi16(ql, _mm256_loadu_si256((const void *)q8)), scale_l);
-			const __m256i ph = _mm256_madd_epi16(
-				_mm256_maddubs_epi16(qh, _mm256_loadu_si256((const void *)(q8 + 32))),
-				scale_h);
-
-			sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(pl, ph));
-		}
-	}
-	for (unsigned t = 0; t < tn; t++) {
-		const __m256i bs = _mm256_loadu_si256((const void *)y[t]->bsums);
-		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
-						   _mm256_extracti128_si256(bs, 1));
-		const float d = y[t]->d * xd, dmin = -y[t]->d * xdmin;
-
-		acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)),
-					acc_m[t]);
-		acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-	}
-}
-
-/* Row x (nb blocks) by tn tokens, into out (stride out_stride). */
-static inline __attribute__((always_inline)) void
-q4_k_row_tn(const struct eng_block_q4_k *x, size_t nb, const uint8_t *act, size_t a_stride,
-	    const unsigned tn, float *out, size_t out_stride)
-{
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
-	__m256 acc[Q4K_TOKENS];
-	__m128 acc_m[Q4K_TOKENS];
-
-	for (unsigned t = 0; t < tn; t++) {
-		acc[t] = _mm256_setzero_ps();
-		acc_m[t] = _mm_setzero_ps();
-	}
-	for (size_t i = 0; i < nb; i++) {
-		const __m128i sm = k4_scales_mins(x[i].scales);
-		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
-
-		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-		q4_k_block_tn(&x[i], _mm256_set_m128i(sc16, sc16),
-			      _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), act, a_stride, i, tn, acc,
-			      acc_m);
-	}
-	for (unsigned t = 0; t < tn; t++) {
-		__m128 m = _mm_add_ps(acc_m[t], _mm_movehl_ps(acc_m[t], acc_m[t]));
-
-		m = _mm_add_ss(m, _mm_movehdup_ps(m));
-		out[t * out_stride] = hsum_f32x8(acc[t]) + _mm_cvtss_f32(m);
-	}
-}
-
-static void vec_dot8_q4_k_q8_k(size_t n, unsigned nt, float *out, size_t out_stride,
-			       const void *w, size_t stride, const void *a, size_t a_stride)
-{
-	if (nt == 1) { /* decoding: nothing to share, the one-row kernel */
-		for (int r = 0; r < 8; r++)
-			dot_q45_k(n, out + r, (const uint8_t *)w + (size_t)r * stride, a, false);
-		return;
-	}
-	for (int r = 0; r < 8; r++) {
-		const struct eng_block_q4_k *x =
-			(const void *)((const uint8_t *)w + (size_t)r * stride);
-
-		for (unsigned t0 = 0; t0 < nt; t0 += Q4K_TOKENS) {
-			const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
-			float *o = out + t0 * out_stride + r;
-
-			switch (nt - t0 < Q4K_TOKENS ? nt - t0 : Q4K_TOKENS) {
-			case 1:
-				q4_k_row_tn(x, n / ENG_QK_K, y, a_stride, 1, o, out_stride);
-				break;
-			case 2:
-				q4_k_row_tn(x, n / ENG_QK_K, y, a_stride, 2, o, out_stride);
-				break;
-			case 3:
-				q4_k_row_tn(x, n / ENG_QK_K, y, a_stride, 3, o, out_stride);
-				break;
-			default:
-				q4_k_row_tn(x, n / ENG_QK_K, y, a_stride, 4, o, out_stride);
-			}
-		}
-	}
-}
-
 /* ---- Q6_K ------------------------------------------------------------- */
 
 /*
@@ -937,95 +779,14 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 	*out = hsum_f32x8(acc);
 }
 
-/*
- * Q6_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
- * token bit-identical to vec_dot_q6_k_q8_k, as for Q4_K above: each 128
- * elements of a row are unpacked to 6-bit quants once for four tokens.
- */
-static inline __attribute__((always_inline)) void
-q6_k_row_tn(const struct eng_block_q6_k *x, size_t nb, const uint8_t *act, size_t a_stride,
-	    const unsigned tn, float *out, size_t out_stride)
-{
-	const __m256i m32 = _mm256_set1_epi8(32);
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
-	__m256 acc[Q4K_TOKENS];
+/* ---- eight rows by several tokens --------------------------------------- */
 
-	for (unsigned t = 0; t < tn; t++)
-		acc[t] = _mm256_setzero_ps();
-	for (size_t i = 0; i < nb; i++) {
-		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
-		const float xd = fp16(x[i].d);
-		const struct eng_block_q8_k *y[Q4K_TOKENS];
-		__m256i sumi[Q4K_TOKENS];
-
-		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-		for (unsigned t = 0; t < tn; t++) {
-			y[t] = (const struct eng_block_q8_k *)(act + t * a_stride) + i;
-			sumi[t] = _mm256_setzero_si256();
-		}
-		for (int h = 0; h < ENG_QK_K / 128; h++) {
-			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
-					      : _mm256_permute4x64_epi64(sc16, 0x44);
-			__m256i q[4];
-
-			q6_k_unpack(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
-			for (int k = 0; k < 4; k++) {
-				const __m256i sk = _mm256_shuffle_epi8(sch, _mm256_set_m128i(
-					_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
-					_mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k))));
-
-				for (unsigned t = 0; t < tn; t++) {
-					const __m256i yk = _mm256_loadu_si256(
-						(const void *)(y[t]->qs + 128 * h + 32 * k));
-					const __m256i p16 = _mm256_sub_epi16(
-						_mm256_maddubs_epi16(q[k], yk),
-						_mm256_maddubs_epi16(m32, yk));
-
-					sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p16, sk));
-				}
-			}
-		}
-		for (unsigned t = 0; t < tn; t++)
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t]->d * xd),
-						 _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-	}
-	for (unsigned t = 0; t < tn; t++)
-		out[t * out_stride] = hsum_f32x8(acc[t]);
-}
-
-static void vec_dot8_q6_k_q8_k(size_t n, unsigned nt, float *out, size_t out_stride,
-			       const void *w, size_t stride, const void *a, size_t a_stride)
-{
-	if (nt == 1) { /* decoding: nothing to share, the one-row kernel */
-		for (int r = 0; r < 8; r++)
-			vec_dot_q6_k_q8_k(n, out + r, (const uint8_t *)w + (size_t)r * stride, a);
-		return;
-	}
-	for (int r = 0; r < 8; r++) {
-		const struct eng_block_q6_k *x =
-			(const void *)((const uint8_t *)w + (size_t)r * stride);
-
-		for (unsigned t0 = 0; t0 < nt; t0 += Q4K_TOKENS) {
-			const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
-			float *o = out + t0 * out_stride + r;
-
-			switch (nt - t0 < Q4K_TOKENS ? nt - t0 : Q4K_TOKENS) {
-			case 1:
-				q6_k_row_tn(x, n / ENG_QK_K, y, a_stride, 1, o, out_stride);
-				break;
-			case 2:
-				q6_k_row_tn(x, n / ENG_QK_K, y, a_stride, 2, o, out_stride);
-				break;
-			case 3:
-				q6_k_row_tn(x, n / ENG_QK_K, y, a_stride, 3, o, out_stride);
-				break;
-			default:
-				q6_k_row_tn(x, n / ENG_QK_K, y, a_stride, 4, o, out_stride);
-			}
-		}
-	}
-}
+#define KR_ATTR
+#define KR_NAME(f) f##_avx2
+#define KR_DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#define KR_DOT1_Q4_K(n, out, w, a) dot_q45_k(n, out, w, a, false)
+#define KR_DOT1_Q6_K vec_dot_q6_k_q8_k
+#include "quant_krows_tmpl.h"
 
 /* ---- the table -------------------------------------------------------- */
 
@@ -1053,10 +814,10 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16;
 	avx2.vec_dot[ENG_TYPE_Q8_0] = vec_dot_q8_0_q8_0;
 	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k;
-	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k;
+	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k;
-	avx2.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k;
+	avx2.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_avx2;
 }
 
 BASELINE const struct eng_kernels *eng_kernels_avx2(void)

@@ -607,15 +607,22 @@ VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x, const stru
  * prefetcher follows one linear stream per core well and two interleaved
  * ones 2.3 KB apart poorly (7 GB/s a core instead of 22, measured).
  */
+static void vec_dot8_q4_k_q8_k_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
+				    const void *w, size_t stride, const void *a, size_t a_stride);
+
+/* Decoding (one token): the eight rows one after the other with the VBMI
+ * kernel; a prompt's tokens: the VNNI kernel that shares each block
+ * between them (quant_krows_tmpl.h), bit-identical to this one. */
 VBMI static void vec_dot8_q4_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
 					  const void *w, size_t stride, const void *a,
 					  size_t a_stride)
 {
+	if (nt > 1) {
+		vec_dot8_q4_k_q8_k_vnni(n, nt, out, out_stride, w, stride, a, a_stride);
+		return;
+	}
 	for (int r = 0; r < 8; r++)
-		for (unsigned t = 0; t < nt; t++)
-			out[t * out_stride + r] =
-				dot1_q4_k(n, (const void *)((const uint8_t *)w + r * stride),
-					  (const void *)((const uint8_t *)a + t * a_stride));
+		out[r] = dot1_q4_k(n, (const void *)((const uint8_t *)w + r * stride), a);
 }
 
 /*
@@ -702,6 +709,15 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
 	*out = (float)sum;
 }
 
+/* ---- eight rows by several tokens --------------------------------------- */
+
+#define KR_ATTR VNNI
+#define KR_NAME(f) f##_vnni
+#define KR_DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#define KR_DOT1_Q4_K vec_dot_q4_k_q8_k_vnni
+#define KR_DOT1_Q6_K vec_dot_q6_k_q8_k_vnni
+#include "quant_krows_tmpl.h"
+
 /* ---- the table -------------------------------------------------------- */
 
 /* The AVX2 set with the kernels AVX-512 VNNI speeds up. */
@@ -728,6 +744,8 @@ BASELINE static void avx512_init(void)
 	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0_vnni;
 	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
+	avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vnni;
+	avx512.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_vnni;
 	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi"))
 		avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vbmi;
 	avx512bf16_ok = __builtin_cpu_supports("avx512bf16");

@@ -66,6 +66,39 @@ static inline void q6_k_unpack(const uint8_t *ql, const uint8_t *qh, __m256i q[4
 }
 
 /*
+ * The 12 scale bytes b0..b11 (loaded with the 4 bytes after them) to
+ * [sc0..sc7, mn0..mn7] (see quant_ref.c's k4_scale_min):
+ *   sc_j = b_j & 63, mn_j = b_{j+4} & 63                          (j < 4)
+ *   sc_{j+4} = (b_{j+8} & 15) | (b_j >> 6) << 4
+ *   mn_{j+4} = (b_{j+8} >> 4) | (b_{j+4} >> 6) << 4
+ * in vector registers: three pshufbs and a few masks, where unpacking byte
+ * by byte took some forty general-register operations a block and the
+ * moves into vector registers after them.  The 16-bit shifts pull bits of
+ * the next byte into the top of the low one; the masks drop them.
+ */
+static inline __m128i k4_scales_mins_ssse3(const uint8_t *p)
+{
+	const __m128i v = _mm_loadu_si128((const void *)p);
+	/* [b0..3, b8..11, b4..7, -] & [63, 15, 63, 0] */
+	const __m128i lo = _mm_and_si128(
+		_mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
+		_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+	/* [-, -, -, b8..11 >> 4] */
+	const __m128i hi = _mm_and_si128(
+		_mm_shuffle_epi8(_mm_srli_epi16(v, 4),
+				 _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11)),
+		_mm_set1_epi8(0x0f));
+	/* [-, b0..3, -, b4..7] >> 6 << 4 */
+	const __m128i top = _mm_and_si128(
+		_mm_srli_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1,
+								  -1, 4, 5, 6, 7)),
+			       2),
+		_mm_set1_epi8(0x30));
+
+	return _mm_or_si128(_mm_or_si128(lo, hi), top);
+}
+
+/*
  * Memory: the multi-row kernels read 8 or 16 rows side by side, interleaved
  * streams of 18- or 34-byte steps, which the hardware prefetcher follows
  * poorly (half of the single-stream bandwidth, measured).  The rows of a
