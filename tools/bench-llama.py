@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""strata's kernels against llama.cpp's, fully resident, in interleaved rounds.
+
+  tools/bench-llama.py --model M.gguf [--model ...] --llama NAME=PATH [--llama ...]
+                       [--isa avx512,avx2] [--reps 3] [--threads 2]
+                       [--prompt 64] [--tokens 16] [--batch 8]
+
+Per round, per model (each model's file read into the page cache first):
+
+  strata ISA   `STRATA_ISA=ISA strata bench -m M -p PROMPT -n TOKENS` for each
+               ISA asked for: the prompt's and decode's tok/s;
+  pass         `STRATA_ISA=ISA strata bench -m M -p BATCH -n 0`: one pass over
+               BATCH positions, its time set against a one-token decode pass
+               of the run above (the cost of verifying BATCH drafts at once);
+  llama NAME   `llama-bench -m M -p PROMPT -n TOKENS -r 1` of each build given
+               (e.g. default=/work/llama/build-default/bin/llama-bench,
+               avx2=/work/llama/build-avx2-default/bin/llama-bench).
+
+Prints a markdown table of medians (runs in brackets) and the ratios strata /
+llama.cpp of each ISA against each build, so that each path is compared with
+the build that uses the same instructions (pair them in the text).
+"""
+import argparse, json, os, statistics, subprocess, sys
+
+from benchlib import STRATA
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", action="append", required=True)
+ap.add_argument("--llama", action="append", default=[], help="NAME=path/to/llama-bench")
+ap.add_argument("--isa", default="avx512,avx2")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--prompt", type=int, default=64)
+ap.add_argument("--tokens", type=int, default=16)
+ap.add_argument("--batch", type=int, default=8)
+a = ap.parse_args()
+isas = a.isa.split(",")
+llamas = dict(x.split("=", 1) for x in a.llama)
+
+
+def strata(model, isa, prompt, tokens):
+    env = dict(os.environ, STRATA_ISA=isa)
+    r = subprocess.run([STRATA, "bench", "-m", model, "-p", str(prompt), "-n", str(tokens), "-t",
+                        str(a.threads), "--no-hw", "--json"], capture_output=True, text=True,
+                       env=env)
+    if r.returncode:
+        sys.exit(f"strata bench failed: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def llama(path, model):
+    r = subprocess.run([path, "-m", model, "-p", str(a.prompt), "-n", str(a.tokens), "-r", "1",
+                        "-t", str(a.threads), "-o", "json"], capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"llama-bench failed: {r.stderr[-2000:]}")
+    out = {}
+    for row in json.loads(r.stdout):
+        out["prompt" if row["n_prompt"] else "decode"] = row["avg_ts"]
+    return out
+
+
+def warm(model):
+    with open(model, "rb") as f:
+        while f.read(64 << 20):
+            pass
+
+
+runs = {}  # (model, engine) -> {"prompt": [...], "decode": [...], "pass": [...]}
+for rep in range(a.reps):
+    for m in a.model:
+        warm(m)
+        name = os.path.basename(m)
+        for isa in isas:
+            j = strata(m, isa, a.prompt, a.tokens)
+            b = strata(m, isa, a.batch, 0)
+            r = runs.setdefault((name, "strata " + isa), {"prompt": [], "decode": [], "pass": []})
+            r["prompt"].append(j["prompt_tps"])
+            r["decode"].append(j["decode_tps"])
+            # seconds of one BATCH-position pass over seconds of one token
+            r["pass"].append(a.batch / b["prompt_tps"] * j["decode_tps"])
+            print(f"rep {rep + 1} {name} strata {isa}: prompt {j['prompt_tps']:.2f}, decode "
+                  f"{j['decode_tps']:.2f} tok/s, {a.batch} positions {r['pass'][-1]:.2f}x a token",
+                  file=sys.stderr)
+        for lname, path in llamas.items():
+            j = llama(path, m)
+            r = runs.setdefault((name, "llama.cpp " + lname), {"prompt": [], "decode": []})
+            r["prompt"].append(j["prompt"])
+            r["decode"].append(j["decode"])
+            print(f"rep {rep + 1} {name} llama.cpp {lname}: prompt {j['prompt']:.2f}, decode "
+                  f"{j['decode']:.2f} tok/s", file=sys.stderr)
+
+
+def med(v):
+    return statistics.median(v)
+
+
+def fmt(v):
+    return f"{med(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})"
+
+
+print(f"{a.reps} interleaved rounds, {a.threads} threads, prompt {a.prompt}, decode {a.tokens}; "
+      f"pass: one pass over {a.batch} positions / one decode token.\n")
+print(f"| model | engine | {a.prompt}-token prompt tok/s | decode tok/s | {a.batch}-position pass |")
+print("|---|---|---|---|---|")
+for (name, eng), r in runs.items():
+    p = fmt(r["pass"]) + "x" if "pass" in r else ""
+    print(f"| {name} | {eng} | {fmt(r['prompt'])} | {fmt(r['decode'])} | {p} |")
+if llamas:
+    print(f"\n| model | strata / llama.cpp | prompt | decode |")
+    print("|---|---|---|---|")
+    for m in a.model:
+        name = os.path.basename(m)
+        for isa in isas:
+            s = runs[(name, "strata " + isa)]
+            for lname in llamas:
+                l = runs[(name, "llama.cpp " + lname)]
+                print(f"| {name} | {isa} / {lname} | {med(s['prompt']) / med(l['prompt']):.2f} | "
+                      f"{med(s['decode']) / med(l['decode']):.2f} |")
