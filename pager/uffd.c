@@ -185,6 +185,9 @@ static void map_unit_everywhere(struct model *m, unsigned u)
 			pager_map_unit(c, u);
 }
 
+/* ---- streaming slots: the clients' side -------------------------------- */
+
+/* Send c's queued REMAPs while fewer than REMAPS_IN_FLIGHT are unanswered. */
 static void flush_remaps(struct client *c)
 {
 	struct remap_wait *w = c->remaps;
