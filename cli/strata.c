@@ -50,6 +50,7 @@ static const char usage_text[] =
 	"\n"
 	"  run      -m MODEL [-p PROMPT | -f FILE] [-n N] [-t THREADS] [-c CTX] [-b BATCH]\n"
 	"           [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+	"           [--context-shift [--keep N]]\n"
 	"  eval     -m MODEL --tokens ID,ID,... --logits-out FILE [-t THREADS] [-c CTX]\n"
 	"           [-b BATCH]\n"
 	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
@@ -57,7 +58,9 @@ static const char usage_text[] =
 	"           [--warmup N] [--no-hw] [--trace FILE]\n"
 	"\n"
 	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
-	"model through a running stratad instead of mmap.\n"
+	"model through a running stratad instead of mmap.  run, eval and bench take\n"
+	"-ctk/--cache-type-k and -ctv/--cache-type-v TYPE (f16, q8_0, q4_0): the KV\n"
+	"cache's element types.\n"
 	"Exit status: 0 ok, 1 usage error, 2 bad model or input.\n";
 
 static int usage(const char *why)
@@ -85,6 +88,9 @@ struct opts {
 	bool no_bos;
 	bool json;
 	bool no_hw;
+	enum eng_kv_type type_k, type_v;
+	bool context_shift; /* run: shift the context when it fills */
+	long keep;          /* run: tokens --context-shift keeps (-1: the prompt) */
 	long warmup;     /* bench: tokens decoded before measuring */
 	const char *trace; /* bench: a line per decoded token into this file */
 	struct eng_sampler_config samp;
@@ -106,6 +112,10 @@ enum {
 	OPT_NO_HW,
 	OPT_WARMUP,
 	OPT_TRACE,
+	OPT_CACHE_K,
+	OPT_CACHE_V,
+	OPT_CONTEXT_SHIFT,
+	OPT_KEEP,
 };
 
 static bool parse_long(const char *s, long lo, long hi, long *out)
@@ -159,6 +169,10 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "no-hw", no_argument, NULL, OPT_NO_HW },
 		{ "warmup", required_argument, NULL, OPT_WARMUP },
 		{ "trace", required_argument, NULL, OPT_TRACE },
+		{ "cache-type-k", required_argument, NULL, OPT_CACHE_K },
+		{ "cache-type-v", required_argument, NULL, OPT_CACHE_V },
+		{ "context-shift", no_argument, NULL, OPT_CONTEXT_SHIFT },
+		{ "keep", required_argument, NULL, OPT_KEEP },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -175,6 +189,13 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		o->pager = NULL;
 	o->samp = (struct eng_sampler_config){ .temp = 0.8f, .top_k = 40, .top_p = 0.95f,
 					       .min_p = 0.05f, .seed = (uint64_t)time(NULL) };
+	/* llama.cpp's one-dash long spellings */
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-ctk"))
+			argv[i] = (char *)"--cache-type-k";
+		else if (!strcmp(argv[i], "-ctv"))
+			argv[i] = (char *)"--cache-type-v";
+	}
 	optind = 1;
 	opterr = 0;
 	while ((li = -1, c = getopt_long(argc, argv, ":m:p:f:n:t:c:b:h", lo, &li)) != -1) {
@@ -263,6 +284,22 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			break;
 		case OPT_TRACE:
 			o->trace = optarg;
+			break;
+		case OPT_CACHE_K:
+		case OPT_CACHE_V:
+			if (eng_kv_type_parse(optarg, c == OPT_CACHE_K ? &o->type_k : &o->type_v)) {
+				snprintf(why, sizeof(why),
+					 "%s: unknown cache type '%s' for '%s' (f16, q8_0, q4_0)", cmd,
+					 optarg, c == OPT_CACHE_K ? "-ctk" : "-ctv");
+				return usage(why);
+			}
+			break;
+		case OPT_CONTEXT_SHIFT:
+			o->context_shift = true;
+			break;
+		case OPT_KEEP:
+			if (!parse_long(optarg, -1, 1 << 20, &o->keep))
+				goto bad;
 			break;
 		case 'h':
 			fputs(usage_text, stdout);
@@ -415,7 +452,8 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	if (!want_ctx)
 		return 0;
 	s->own_bytes = anon_rss_bytes();
-	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch };
+	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch,
+				     .type_k = o->type_k, .type_v = o->type_v };
 	rc = eng_ctx_create(s->model, &cc, &s->ctx, err, sizeof(err));
 	if (rc) {
 		msg("%s: %s", o->model, err);
@@ -555,6 +593,47 @@ static void print_piece(const struct eng_tokenizer *tok, int32_t id)
 		fwrite(buf, 1, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf), stdout);
 }
 
+/*
+ * The context is full.  Without --context-shift that is the end, said in one
+ * line.  With it, as llama.cpp's: keep the first --keep tokens (plus BOS; -1
+ * or more than the prompt: the whole prompt), forget half of the rest, the
+ * oldest, and go on.  Returns whether generation may go on.
+ */
+static bool shift_context(struct session *s, const struct opts *o, size_t n_prompt)
+{
+	uint32_t n_ctx = eng_ctx_n_ctx(s->ctx), n_past = eng_ctx_n_past(s->ctx);
+	uint64_t keep = o->keep < 0 || (uint64_t)o->keep > n_prompt
+				? n_prompt
+				: (uint64_t)o->keep + eng_tokenizer_adds_bos(s->tok);
+	uint32_t n_keep = keep < n_past ? (uint32_t)keep : n_past;
+	uint32_t n_discard = (n_past - n_keep) / 2;
+	int rc;
+
+	if (!o->context_shift) {
+		msg("context of %u tokens is full: generation stopped (--context-shift goes on)",
+		    n_ctx);
+		return false;
+	}
+	if (n_discard == 0) {
+		msg("context of %u tokens is full and --keep %ld keeps all of it: generation stopped",
+		    n_ctx, o->keep);
+		return false;
+	}
+	rc = eng_ctx_shift(s->ctx, n_keep, n_discard);
+	if (rc == -ENOTSUP) {
+		msg("context of %u tokens is full: generation stopped (%s has recurrent layers, "
+		    "whose state cannot forget tokens)",
+		    n_ctx, s->hp->arch_name);
+		return false;
+	}
+	if (rc) {
+		msg("context of %u tokens is full and could not be shifted: %s", n_ctx,
+		    strerror(-rc));
+		return false;
+	}
+	return true;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	struct opts o;
@@ -627,10 +706,8 @@ static int cmd_run(int argc, char **argv)
 		generated++;
 		if (generated == o.n_predict)
 			break;
-		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx)) {
-			msg("context of %u tokens is full", eng_ctx_n_ctx(s.ctx));
+		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx) && !shift_context(&s, &o, n_ids))
 			break;
-		}
 		if (session_decode(&s, &next, 1, logits, false)) {
 			msg("%s: decoding failed", o.model);
 			rc = EXIT_BAD_INPUT;
