@@ -89,6 +89,7 @@ struct opts {
 	bool json;
 	bool no_hw;
 	enum eng_kv_type type_k, type_v;
+	bool seen_ctk, seen_ctv;
 	bool context_shift; /* run: shift the context when it fills */
 	long keep;          /* run: tokens --context-shift keeps (-1: the prompt) */
 	long warmup;     /* bench: tokens decoded before measuring */
@@ -287,6 +288,7 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			break;
 		case OPT_CACHE_K:
 		case OPT_CACHE_V:
+			*(c == OPT_CACHE_K ? &o->seen_ctk : &o->seen_ctv) = true;
 			if (eng_kv_type_parse(optarg, c == OPT_CACHE_K ? &o->type_k : &o->type_v)) {
 				snprintf(why, sizeof(why),
 					 "%s: unknown cache type '%s' for '%s' (f16, q8_0, q4_0)", cmd,
@@ -382,6 +384,7 @@ struct session {
 	const struct eng_hparams *hp;
 	const struct eng_tokenizer *tok;
 	uint64_t own_bytes; /* the process's heap once the model is loaded */
+	enum eng_kv_type type_k, type_v; /* the cache's, as given or sized */
 	/* decode passes not yet reported to the pager (session_decode) */
 	uint32_t pass_tokens;
 	double pass_s, pass_since;
@@ -410,6 +413,84 @@ static uint64_t anon_rss_bytes(void)
 			break;
 	fclose(f);
 	return (uint64_t)kb * 1024;
+}
+
+#define MIB(x) ((double)(x) / 1048576.0)
+#define CTX_MIN 256 /* the smallest context sized to memory */
+
+/*
+ * The context sized to memory (no -c): the largest that fits, from the
+ * model's trained context down by halves, and at each size the best cache
+ * type that fits (f16, then q8_0, then q4_0, for K and V alike; a type given
+ * with -ctk/-ctv stays).  What it may take is the memory this process may
+ * still use (hwbench_mem_headroom: the memory cgroup's room, or
+ * MemAvailable) less the model's weights, which want to stay in memory too;
+ * when they do not fit anyway (they will stream from the file), a quarter
+ * of the room.  Through the pager the daemon plans memory and the default
+ * stays min(trained context, 4096): the protocol has no "how much may I
+ * use" yet.  The choice is told in one line.  An explicit -c is checked
+ * against the whole room (the weights can be paged out, the context
+ * cannot) and refused with the numbers.  Returns 0 or an exit status.
+ */
+static int size_context(struct session *s, const struct opts *o, struct eng_ctx_config *cc)
+{
+	struct hwbench_headroom room;
+	char err[256];
+	uint64_t w = s->hp->weight_bytes, budget;
+	bool weights_fit;
+
+	if (s->pc || hwbench_mem_headroom("", &room))
+		return 0; /* the default context */
+	weights_fit = room.bytes > w + ((uint64_t)64 << 20);
+	budget = weights_fit ? room.bytes - w : room.bytes / 4;
+	if (cc->n_ctx) {
+		struct eng_ctx_size sz;
+
+		if (eng_ctx_size(s->model, cc, &sz, err, sizeof(err))) {
+			msg("%s: %s", o->model, err);
+			return EXIT_BAD_INPUT;
+		}
+		if (sz.total_bytes > room.bytes) {
+			msg("%s: a context of %u tokens needs %.0f MiB (KV cache %s/%s %.0f MiB), "
+			    "%.0f MiB left to this process: use a smaller -c, or -ctk/-ctv q8_0 or q4_0",
+			    o->model, cc->n_ctx, MIB(sz.total_bytes), eng_kv_type_name(cc->type_k),
+			    eng_kv_type_name(cc->type_v), MIB(sz.kv_bytes), MIB(room.bytes));
+			return EXIT_BAD_INPUT;
+		}
+		return 0;
+	}
+	uint32_t top = s->hp->n_ctx_train ? s->hp->n_ctx_train : 4096;
+
+	top = top > (1u << 20) ? 1u << 20 : top;
+	for (uint32_t n = top;; n = n / 2 > CTX_MIN ? n / 2 : CTX_MIN) {
+		struct eng_ctx_size sz;
+
+		for (int t = 0; t < ENG_KV_COUNT; t++) {
+			struct eng_ctx_config try = *cc;
+
+			try.n_ctx = n;
+			try.type_k = o->seen_ctk ? o->type_k : (enum eng_kv_type)t;
+			try.type_v = o->seen_ctv ? o->type_v : (enum eng_kv_type)t;
+			if (eng_ctx_size(s->model, &try, &sz, err, sizeof(err)))
+				continue; /* a type the model's heads do not fit */
+			if (sz.total_bytes <= budget) {
+				*cc = try;
+				msg("context %u tokens, KV cache %s/%s %.1f MiB (%.1f MiB in all): the "
+				    "largest that fits %.0f MiB, %s",
+				    n, eng_kv_type_name(try.type_k), eng_kv_type_name(try.type_v),
+				    MIB(sz.kv_bytes), MIB(sz.total_bytes), MIB(budget),
+				    weights_fit ? "the memory left after the weights"
+						: "a quarter of the memory left (the weights do not fit)");
+				return 0;
+			}
+		}
+		if (n <= CTX_MIN)
+			break;
+	}
+	msg("%s: not even a context of %u tokens fits: %.0f MiB left to this process, %.0f MiB "
+	    "of weights",
+	    o->model, CTX_MIN < top ? CTX_MIN : top, MIB(room.bytes), MIB(w));
+	return EXIT_BAD_INPUT;
 }
 
 static int session_open(struct session *s, const struct opts *o, bool want_ctx)
@@ -454,6 +535,10 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	s->own_bytes = anon_rss_bytes();
 	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch,
 				     .type_k = o->type_k, .type_v = o->type_v };
+	if ((rc = size_context(s, o, &cc)))
+		return rc;
+	s->type_k = cc.type_k;
+	s->type_v = cc.type_v;
 	rc = eng_ctx_create(s->model, &cc, &s->ctx, err, sizeof(err));
 	if (rc) {
 		msg("%s: %s", o->model, err);
@@ -1183,6 +1268,10 @@ static int cmd_bench(int argc, char **argv)
 		       o.n_prompt, o.n_predict, o.threads, pp_tps, tg_tps, rss, s.hp->weight_bytes,
 		       tok_bytes);
 		printf(", \"warmup\": %ld", o.warmup);
+		printf(", \"n_ctx\": %u, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
+		       "\"kv_bytes\": %" PRIu64 ", \"ctx_bytes\": %" PRIu64,
+		       eng_ctx_n_ctx(s.ctx), eng_kv_type_name(s.type_k), eng_kv_type_name(s.type_v),
+		       eng_ctx_kv_bytes(s.ctx), eng_ctx_bytes(s.ctx));
 		if (o.warmup) /* microseconds: a small model's token is well under 1 ms */
 			printf(", \"cold_token_s\": %.6f, \"first_token_s\": %.6f", cold_s, first_s);
 		else
@@ -1221,6 +1310,9 @@ static int cmd_bench(int argc, char **argv)
 			       cold_s, first_s, o.warmup, o.warmup == 1 ? "" : "s");
 		else
 			printf("cold token   not measured (--warmup 0: the runs below start cold)\n");
+		printf("context      %u tokens, KV cache %s/%s %.1f MiB\n", eng_ctx_n_ctx(s.ctx),
+		       eng_kv_type_name(s.type_k), eng_kv_type_name(s.type_v),
+		       eng_ctx_kv_bytes(s.ctx) / 1048576.0);
 		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
 		printf("decode       %ld tokens  %.2f tok/s\n", o.n_predict, tg_tps);
 		printf("peak RSS     %.1f MiB\n", rss / 1048576.0);
