@@ -53,6 +53,13 @@ if [ -f "$F/arch/models/tiny-qwen35-q4_k_m.gguf" ]; then
 	[ $st = 0 ] && grep -q "^strata: context of 16 tokens is full: generation stopped (qwen35 has recurrent layers" "$T/err"
 	check "run: a hybrid model's full context stops in one line even with --context-shift" $?
 fi
+# no -c: sized to memory, told in one line (stories260K's 2048 tokens at f16
+# fit any machine that runs the tests)
+"$S" run -m "$M" -p "Once" -n 1 --temp 0 >/dev/null 2>"$T/err"
+grep -q "^strata: context 2048 tokens, KV cache f16/f16 1.2 MiB (.* in all): the largest that fits" "$T/err"
+check "run: the context sized to memory, in one line" $?
+"$S" run -m "$M" -p "Once" -n 1 --temp 0 -ctk q4_0 >/dev/null 2>"$T/err"
+grep -q "^strata: context 2048 tokens, KV cache q4_0/f16" "$T/err"; check "run: sized to memory keeps -ctk" $?
 expect_usage_ct() { "$S" run -m "$M" -p hi "$@" >/dev/null 2>"$T/err"; [ $? = 1 ] && grep -q "unknown cache type 'q5_1'" "$T/err"; }
 expect_usage_ct -ctk q5_1; check "usage: unknown -ctk type" $?
 expect_usage_ct --cache-type-v q5_1; check "usage: unknown --cache-type-v type" $?
