@@ -50,6 +50,7 @@ static const char usage_text[] =
 	"\n"
 	"  run      -m MODEL [-p PROMPT | -f FILE] [-n N] [-t THREADS] [-c CTX] [-b BATCH]\n"
 	"           [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+	"           [--context-shift [--keep N]]\n"
 	"  eval     -m MODEL --tokens ID,ID,... --logits-out FILE [-t THREADS] [-c CTX]\n"
 	"           [-b BATCH]\n"
 	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
@@ -57,7 +58,9 @@ static const char usage_text[] =
 	"           [--warmup N] [--no-hw] [--trace FILE]\n"
 	"\n"
 	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
-	"model through a running stratad instead of mmap.\n"
+	"model through a running stratad instead of mmap.  run, eval and bench take\n"
+	"-ctk/--cache-type-k and -ctv/--cache-type-v TYPE (f16, q8_0, q4_0): the KV\n"
+	"cache's element types.\n"
 	"Exit status: 0 ok, 1 usage error, 2 bad model or input.\n";
 
 static int usage(const char *why)
@@ -85,6 +88,10 @@ struct opts {
 	bool no_bos;
 	bool json;
 	bool no_hw;
+	enum eng_kv_type type_k, type_v;
+	bool seen_ctk, seen_ctv;
+	bool context_shift; /* run: shift the context when it fills */
+	long keep;          /* run: tokens --context-shift keeps (-1: the prompt) */
 	long warmup;     /* bench: tokens decoded before measuring */
 	const char *trace; /* bench: a line per decoded token into this file */
 	struct eng_sampler_config samp;
@@ -106,6 +113,10 @@ enum {
 	OPT_NO_HW,
 	OPT_WARMUP,
 	OPT_TRACE,
+	OPT_CACHE_K,
+	OPT_CACHE_V,
+	OPT_CONTEXT_SHIFT,
+	OPT_KEEP,
 };
 
 static bool parse_long(const char *s, long lo, long hi, long *out)
@@ -159,6 +170,10 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "no-hw", no_argument, NULL, OPT_NO_HW },
 		{ "warmup", required_argument, NULL, OPT_WARMUP },
 		{ "trace", required_argument, NULL, OPT_TRACE },
+		{ "cache-type-k", required_argument, NULL, OPT_CACHE_K },
+		{ "cache-type-v", required_argument, NULL, OPT_CACHE_V },
+		{ "context-shift", no_argument, NULL, OPT_CONTEXT_SHIFT },
+		{ "keep", required_argument, NULL, OPT_KEEP },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -175,6 +190,13 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		o->pager = NULL;
 	o->samp = (struct eng_sampler_config){ .temp = 0.8f, .top_k = 40, .top_p = 0.95f,
 					       .min_p = 0.05f, .seed = (uint64_t)time(NULL) };
+	/* llama.cpp's one-dash long spellings */
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "-ctk"))
+			argv[i] = (char *)"--cache-type-k";
+		else if (!strcmp(argv[i], "-ctv"))
+			argv[i] = (char *)"--cache-type-v";
+	}
 	optind = 1;
 	opterr = 0;
 	while ((li = -1, c = getopt_long(argc, argv, ":m:p:f:n:t:c:b:h", lo, &li)) != -1) {
@@ -264,6 +286,23 @@ static int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		case OPT_TRACE:
 			o->trace = optarg;
 			break;
+		case OPT_CACHE_K:
+		case OPT_CACHE_V:
+			*(c == OPT_CACHE_K ? &o->seen_ctk : &o->seen_ctv) = true;
+			if (eng_kv_type_parse(optarg, c == OPT_CACHE_K ? &o->type_k : &o->type_v)) {
+				snprintf(why, sizeof(why),
+					 "%s: unknown cache type '%s' for '%s' (f16, q8_0, q4_0)", cmd,
+					 optarg, c == OPT_CACHE_K ? "-ctk" : "-ctv");
+				return usage(why);
+			}
+			break;
+		case OPT_CONTEXT_SHIFT:
+			o->context_shift = true;
+			break;
+		case OPT_KEEP:
+			if (!parse_long(optarg, -1, 1 << 20, &o->keep))
+				goto bad;
+			break;
 		case 'h':
 			fputs(usage_text, stdout);
 			exit(0);
@@ -345,6 +384,7 @@ struct session {
 	const struct eng_hparams *hp;
 	const struct eng_tokenizer *tok;
 	uint64_t own_bytes; /* the process's heap once the model is loaded */
+	enum eng_kv_type type_k, type_v; /* the cache's, as given or sized */
 	/* decode passes not yet reported to the pager (session_decode) */
 	uint32_t pass_tokens;
 	double pass_s, pass_since;
@@ -373,6 +413,84 @@ static uint64_t anon_rss_bytes(void)
 			break;
 	fclose(f);
 	return (uint64_t)kb * 1024;
+}
+
+#define MIB(x) ((double)(x) / 1048576.0)
+#define CTX_MIN 256 /* the smallest context sized to memory */
+
+/*
+ * The context sized to memory (no -c): the largest that fits, from the
+ * model's trained context down by halves, and at each size the best cache
+ * type that fits (f16, then q8_0, then q4_0, for K and V alike; a type given
+ * with -ctk/-ctv stays).  What it may take is the memory this process may
+ * still use (hwbench_mem_headroom: the memory cgroup's room, or
+ * MemAvailable) less the model's weights, which want to stay in memory too;
+ * when they do not fit anyway (they will stream from the file), a quarter
+ * of the room.  Through the pager the daemon plans memory and the default
+ * stays min(trained context, 4096): the protocol has no "how much may I
+ * use" yet.  The choice is told in one line.  An explicit -c is checked
+ * against the whole room (the weights can be paged out, the context
+ * cannot) and refused with the numbers.  Returns 0 or an exit status.
+ */
+static int size_context(struct session *s, const struct opts *o, struct eng_ctx_config *cc)
+{
+	struct hwbench_headroom room;
+	char err[256];
+	uint64_t w = s->hp->weight_bytes, budget;
+	bool weights_fit;
+
+	if (s->pc || hwbench_mem_headroom("", &room))
+		return 0; /* the default context */
+	weights_fit = room.bytes > w + ((uint64_t)64 << 20);
+	budget = weights_fit ? room.bytes - w : room.bytes / 4;
+	if (cc->n_ctx) {
+		struct eng_ctx_size sz;
+
+		if (eng_ctx_size(s->model, cc, &sz, err, sizeof(err))) {
+			msg("%s: %s", o->model, err);
+			return EXIT_BAD_INPUT;
+		}
+		if (sz.total_bytes > room.bytes) {
+			msg("%s: a context of %u tokens needs %.0f MiB (KV cache %s/%s %.0f MiB), "
+			    "%.0f MiB left to this process: use a smaller -c, or -ctk/-ctv q8_0 or q4_0",
+			    o->model, cc->n_ctx, MIB(sz.total_bytes), eng_kv_type_name(cc->type_k),
+			    eng_kv_type_name(cc->type_v), MIB(sz.kv_bytes), MIB(room.bytes));
+			return EXIT_BAD_INPUT;
+		}
+		return 0;
+	}
+	uint32_t top = s->hp->n_ctx_train ? s->hp->n_ctx_train : 4096;
+
+	top = top > (1u << 20) ? 1u << 20 : top;
+	for (uint32_t n = top;; n = n / 2 > CTX_MIN ? n / 2 : CTX_MIN) {
+		struct eng_ctx_size sz;
+
+		for (int t = 0; t < ENG_KV_COUNT; t++) {
+			struct eng_ctx_config try = *cc;
+
+			try.n_ctx = n;
+			try.type_k = o->seen_ctk ? o->type_k : (enum eng_kv_type)t;
+			try.type_v = o->seen_ctv ? o->type_v : (enum eng_kv_type)t;
+			if (eng_ctx_size(s->model, &try, &sz, err, sizeof(err)))
+				continue; /* a type the model's heads do not fit */
+			if (sz.total_bytes <= budget) {
+				*cc = try;
+				msg("context %u tokens, KV cache %s/%s %.1f MiB (%.1f MiB in all): the "
+				    "largest that fits %.0f MiB, %s",
+				    n, eng_kv_type_name(try.type_k), eng_kv_type_name(try.type_v),
+				    MIB(sz.kv_bytes), MIB(sz.total_bytes), MIB(budget),
+				    weights_fit ? "the memory left after the weights"
+						: "a quarter of the memory left (the weights do not fit)");
+				return 0;
+			}
+		}
+		if (n <= CTX_MIN)
+			break;
+	}
+	msg("%s: not even a context of %u tokens fits: %.0f MiB left to this process, %.0f MiB "
+	    "of weights",
+	    o->model, CTX_MIN < top ? CTX_MIN : top, MIB(room.bytes), MIB(w));
+	return EXIT_BAD_INPUT;
 }
 
 static int session_open(struct session *s, const struct opts *o, bool want_ctx)
@@ -415,7 +533,12 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	if (!want_ctx)
 		return 0;
 	s->own_bytes = anon_rss_bytes();
-	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch };
+	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch,
+				     .type_k = o->type_k, .type_v = o->type_v };
+	if ((rc = size_context(s, o, &cc)))
+		return rc;
+	s->type_k = cc.type_k;
+	s->type_v = cc.type_v;
 	rc = eng_ctx_create(s->model, &cc, &s->ctx, err, sizeof(err));
 	if (rc) {
 		msg("%s: %s", o->model, err);
@@ -555,6 +678,47 @@ static void print_piece(const struct eng_tokenizer *tok, int32_t id)
 		fwrite(buf, 1, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf), stdout);
 }
 
+/*
+ * The context is full.  Without --context-shift that is the end, said in one
+ * line.  With it, as llama.cpp's: keep the first --keep tokens (plus BOS; -1
+ * or more than the prompt: the whole prompt), forget half of the rest, the
+ * oldest, and go on.  Returns whether generation may go on.
+ */
+static bool shift_context(struct session *s, const struct opts *o, size_t n_prompt)
+{
+	uint32_t n_ctx = eng_ctx_n_ctx(s->ctx), n_past = eng_ctx_n_past(s->ctx);
+	uint64_t keep = o->keep < 0 || (uint64_t)o->keep > n_prompt
+				? n_prompt
+				: (uint64_t)o->keep + eng_tokenizer_adds_bos(s->tok);
+	uint32_t n_keep = keep < n_past ? (uint32_t)keep : n_past;
+	uint32_t n_discard = (n_past - n_keep) / 2;
+	int rc;
+
+	if (!o->context_shift) {
+		msg("context of %u tokens is full: generation stopped (--context-shift goes on)",
+		    n_ctx);
+		return false;
+	}
+	if (n_discard == 0) {
+		msg("context of %u tokens is full and --keep %ld keeps all of it: generation stopped",
+		    n_ctx, o->keep);
+		return false;
+	}
+	rc = eng_ctx_shift(s->ctx, n_keep, n_discard);
+	if (rc == -ENOTSUP) {
+		msg("context of %u tokens is full: generation stopped (%s has recurrent layers, "
+		    "whose state cannot forget tokens)",
+		    n_ctx, s->hp->arch_name);
+		return false;
+	}
+	if (rc) {
+		msg("context of %u tokens is full and could not be shifted: %s", n_ctx,
+		    strerror(-rc));
+		return false;
+	}
+	return true;
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	struct opts o;
@@ -627,10 +791,8 @@ static int cmd_run(int argc, char **argv)
 		generated++;
 		if (generated == o.n_predict)
 			break;
-		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx)) {
-			msg("context of %u tokens is full", eng_ctx_n_ctx(s.ctx));
+		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx) && !shift_context(&s, &o, n_ids))
 			break;
-		}
 		if (session_decode(&s, &next, 1, logits, false)) {
 			msg("%s: decoding failed", o.model);
 			rc = EXIT_BAD_INPUT;
@@ -1106,6 +1268,10 @@ static int cmd_bench(int argc, char **argv)
 		       o.n_prompt, o.n_predict, o.threads, pp_tps, tg_tps, rss, s.hp->weight_bytes,
 		       tok_bytes);
 		printf(", \"warmup\": %ld", o.warmup);
+		printf(", \"n_ctx\": %u, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
+		       "\"kv_bytes\": %" PRIu64 ", \"ctx_bytes\": %" PRIu64,
+		       eng_ctx_n_ctx(s.ctx), eng_kv_type_name(s.type_k), eng_kv_type_name(s.type_v),
+		       eng_ctx_kv_bytes(s.ctx), eng_ctx_bytes(s.ctx));
 		if (o.warmup) /* microseconds: a small model's token is well under 1 ms */
 			printf(", \"cold_token_s\": %.6f, \"first_token_s\": %.6f", cold_s, first_s);
 		else
@@ -1144,6 +1310,9 @@ static int cmd_bench(int argc, char **argv)
 			       cold_s, first_s, o.warmup, o.warmup == 1 ? "" : "s");
 		else
 			printf("cold token   not measured (--warmup 0: the runs below start cold)\n");
+		printf("context      %u tokens, KV cache %s/%s %.1f MiB\n", eng_ctx_n_ctx(s.ctx),
+		       eng_kv_type_name(s.type_k), eng_kv_type_name(s.type_v),
+		       eng_ctx_kv_bytes(s.ctx) / 1048576.0);
 		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
 		printf("decode       %ld tokens  %.2f tok/s\n", o.n_predict, tg_tps);
 		printf("peak RSS     %.1f MiB\n", rss / 1048576.0);

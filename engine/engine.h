@@ -11,8 +11,9 @@
  * Objects:
  *   struct eng_model  the validated view of one file: hyper-parameters,
  *                     per-layer tensor pointers, tokenizer.  Immutable.
- *   struct eng_ctx    one inference stream over a model: KV cache (f16,
- *                     preallocated for n_ctx), activation buffers, threads.
+ *   struct eng_ctx    one inference stream over a model: KV cache (f16, q8_0
+ *                     or q4_0, preallocated for n_ctx; a ring of the window
+ *                     on sliding-window layers), activation buffers, threads.
  */
 #ifndef STRATA_ENGINE_H
 #define STRATA_ENGINE_H
@@ -107,17 +108,46 @@ const struct gguf *eng_model_gguf(const struct eng_model *m);
  * model).  Memory bandwidth divided by this bounds decode tok/s. */
 uint64_t eng_model_token_bytes(const struct eng_model *m);
 
+/*
+ * KV cache element types.  The quantized ones are GGUF's Q8_0 and Q4_0 blocks
+ * of 32 along a token's row of n_head_kv * head_dim values; the attention
+ * reads them in place (kv.c, attn.c).  They need that row to be a multiple of
+ * 32 and each head to be a multiple of 32 or to divide it.
+ */
+enum eng_kv_type {
+	ENG_KV_F16,
+	ENG_KV_Q8_0,
+	ENG_KV_Q4_0,
+	ENG_KV_COUNT,
+};
+
+/* "f16", "q8_0", "q4_0"; and back (0 or -EINVAL). */
+const char *eng_kv_type_name(enum eng_kv_type t);
+int eng_kv_type_parse(const char *s, enum eng_kv_type *out);
+
 struct eng_ctx_config {
 	uint32_t n_ctx;     /* 0: min(n_ctx_train, 4096) */
 	uint32_t n_threads; /* 0: number of CPUs this process may use */
 	uint32_t n_batch;   /* tokens per forward pass; 0: 256 */
+	enum eng_kv_type type_k, type_v; /* 0: f16 */
 };
+
+/* What a context of a given configuration allocates, without allocating. */
+struct eng_ctx_size {
+	uint32_t n_ctx;      /* the context the configuration gives */
+	uint64_t kv_bytes;   /* KV cache of every attention layer */
+	uint64_t total_bytes; /* KV cache, recurrent state and buffers */
+};
+int eng_ctx_size(const struct eng_model *m, const struct eng_ctx_config *cfg,
+		 struct eng_ctx_size *out, char *err, size_t errlen);
 
 int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 		   struct eng_ctx **out, char *err, size_t errlen);
 void eng_ctx_destroy(struct eng_ctx *c);
-/* Bytes of memory the context allocated (KV cache and buffers). */
+/* Bytes of memory the context allocated (KV cache and buffers), and of
+ * those the KV cache's. */
 uint64_t eng_ctx_bytes(const struct eng_ctx *c);
+uint64_t eng_ctx_kv_bytes(const struct eng_ctx *c);
 /* The calling thread's CPU time in each layer in the last forward pass, ns
  * ([n_layer]; not the time it slept on a page fault or lost to other
  * programs), and in the rest of that pass (the output matrix). */
@@ -126,6 +156,16 @@ uint64_t eng_ctx_outside_ns(const struct eng_ctx *c);
 uint32_t eng_ctx_n_ctx(const struct eng_ctx *c);
 uint32_t eng_ctx_n_past(const struct eng_ctx *c);
 void eng_ctx_reset(struct eng_ctx *c);
+
+/*
+ * Context shift: forget the n_discard tokens after the first n_keep, move
+ * the rest down as many positions and rotate their cached keys to the new
+ * positions (RoPE is a rotation by position: the kept keys are rotated by
+ * -n_discard).  n_keep + n_discard must not exceed eng_ctx_n_past.  Returns
+ * 0, -EINVAL, or -ENOTSUP for a model with recurrent layers (their state
+ * cannot forget tokens).
+ */
+int eng_ctx_shift(struct eng_ctx *c, uint32_t n_keep, uint32_t n_discard);
 
 /*
  * Feed n tokens at the next positions.  logits, if not NULL, receives n_vocab

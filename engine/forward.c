@@ -36,37 +36,39 @@
 
 /* ---- the run state ---------------------------------------------------- */
 
+/* An allocation of the context; in a dry run (eng_ctx_size) only counted.
+ * A failure is remembered in c->oom, so a run of them is checked once. */
 static void *xcalloc(struct eng_ctx *c, size_t n, size_t sz)
 {
 	void *p;
 
-	if (n && sz > SIZE_MAX / n)
+	if (n && sz > SIZE_MAX / n) {
+		c->oom = true;
+		return NULL;
+	}
+	c->bytes += n * sz;
+	if (c->dry)
 		return NULL;
 	p = calloc(n ? n : 1, sz);
-	if (p)
-		c->bytes += n * sz;
+	if (!p)
+		c->oom = true;
 	return p;
 }
 
-int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
-		   struct eng_ctx **out, char *err, size_t errlen)
+/* The sizes a configuration gives, checked: everything but the buffers. */
+static int ctx_plan(struct eng_ctx *c, const struct eng_model *m,
+		    const struct eng_ctx_config *cfg, char *err, size_t errlen)
 {
 	const struct eng_hparams *hp = &m->hp;
-	struct eng_ctx *c;
-	unsigned nth;
-	size_t kv_elems, max_in;
 	int rc;
 
-	*out = NULL;
 	if (m->vocab_only) {
 		snprintf(err, errlen, "the model was loaded for its vocabulary only");
 		return -EINVAL;
 	}
-	c = calloc(1, sizeof(*c));
-	if (!c)
-		goto oom;
 	c->m = m;
 	c->k = eng_kernels_get();
+	c->ak = attn_kernels_for(c->k);
 	c->n_ctx = cfg->n_ctx ? cfg->n_ctx
 			      : (hp->n_ctx_train < MAX_CTX_DEFAULT ? hp->n_ctx_train
 								   : MAX_CTX_DEFAULT);
@@ -74,7 +76,6 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 		c->n_ctx = MAX_CTX_DEFAULT;
 	if (c->n_ctx > 1u << 20) {
 		snprintf(err, errlen, "context of %u tokens is too large", c->n_ctx);
-		eng_ctx_destroy(c);
 		return -EINVAL;
 	}
 	/* 256: a streamed layer is read once per 256 prompt tokens, not four
@@ -86,22 +87,50 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	c->n_batch = cfg->n_batch ? cfg->n_batch : 256;
 	if (c->n_batch > c->n_ctx)
 		c->n_batch = c->n_ctx;
-	nth = cfg->n_threads ? cfg->n_threads : eng_cpu_count();
-	c->n_threads = nth;
+	c->n_threads = cfg->n_threads ? cfg->n_threads : eng_cpu_count();
 	c->q_dim = hp->n_head * hp->head_dim;
 	c->kv_dim = hp->n_head_kv * hp->head_dim;
-
-	rc = eng_pool_create(nth, &c->pool);
-	if (rc) {
-		snprintf(err, errlen, "cannot start %u threads", nth);
-		eng_ctx_destroy(c);
+	if ((rc = kv_check(m, cfg->type_k, cfg->type_v, err, errlen)))
 		return rc;
+	c->type_k = cfg->type_k;
+	c->type_v = cfg->type_v;
+	c->k_row = eng_row_bytes(kv_gguf_type(c->type_k), c->kv_dim);
+	c->v_row = eng_row_bytes(kv_gguf_type(c->type_v), c->kv_dim);
+	return 0;
+}
+
+/* Every buffer of the run state (or, dry, its size). */
+static void ctx_alloc(struct eng_ctx *c)
+{
+	const struct eng_model *m = c->m;
+	const struct eng_hparams *hp = &m->hp;
+	unsigned nth = c->n_threads;
+	size_t max_in;
+
+	/* only attention layers hold KV cache, a sliding-window layer a ring
+	 * of its window (kv_slots); a hybrid's recurrent layers hold a small
+	 * state each instead */
+	c->kv = xcalloc(c, m->n_kv_layers, sizeof(*c->kv));
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		uint32_t n = kv_slots(m, l, c->n_ctx, c->n_batch);
+		uint64_t before = c->bytes;
+		uint8_t *k, *v;
+		uint32_t *tag;
+
+		if (m->layers[l].recurrent)
+			continue;
+		k = xcalloc(c, n, c->k_row);
+		v = xcalloc(c, n, c->v_row);
+		tag = n < c->n_ctx ? xcalloc(c, n, sizeof(uint32_t)) : NULL;
+		c->kv_bytes += c->bytes - before;
+		if (c->kv) {
+			c->kv[m->layers[l].slot] = (struct kv_layer){ k, v, n, tag };
+		} else {
+			free(k);
+			free(v);
+			free(tag);
+		}
 	}
-	/* only attention layers hold KV cache; a hybrid's recurrent layers
-	 * hold a small state each instead */
-	kv_elems = (size_t)m->n_kv_layers * c->n_ctx * c->kv_dim;
-	c->kcache = xcalloc(c, kv_elems, sizeof(eng_fp16_t));
-	c->vcache = xcalloc(c, kv_elems, sizeof(eng_fp16_t));
 	max_in = hp->n_embd > c->q_dim ? hp->n_embd : c->q_dim;
 	max_in = max_in > hp->ssm_d_inner ? max_in : hp->ssm_d_inner;
 	c->x = xcalloc(c, (size_t)c->n_batch * hp->n_embd, sizeof(float));
@@ -121,8 +150,6 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 		c->ssm_buf = xcalloc(c, (size_t)c->n_batch * (conv_dim + 2 * hp->ssm_d_inner +
 							     2 * hp->ssm_n_v_heads),
 				     sizeof(float));
-		if (!c->conv_state || !c->ssm_state || !c->ssm_buf)
-			goto oom;
 	}
 	c->kb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
 	c->vb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
@@ -131,7 +158,9 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	c->att = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(float));
 	c->vrow = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(float));
 	c->vacc = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(double));
-	c->q16 = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(eng_fp16_t));
+	/* the query as f16 (2 bytes a value) or Q8_0 (34 bytes per 32) */
+	c->qbuf_stride = ((size_t)hp->head_dim * 2 + 63) & ~(size_t)63;
+	c->qbuf = xcalloc(c, nth, c->qbuf_stride);
 	c->logits = xcalloc(c, (size_t)c->n_batch * hp->n_vocab, sizeof(float));
 	c->theta[0] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	c->theta[1] = xcalloc(c, hp->n_rot / 2, sizeof(float));
@@ -142,9 +171,51 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
 	c->qact = xcalloc(c, (size_t)c->n_batch, c->qact_stride);
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
-	if (!c->kcache || !c->vcache || !c->x || !c->xb || !c->xb2 || !c->q || !c->kb || !c->vb ||
-	    !c->hb || !c->hb2 || !c->att || !c->vrow || !c->vacc || !c->q16 || !c->logits ||
-	    !c->theta[0] || !c->theta[1] || !c->qact || !c->layer_ns || !c->qgate)
+}
+
+int eng_ctx_size(const struct eng_model *m, const struct eng_ctx_config *cfg,
+		 struct eng_ctx_size *out, char *err, size_t errlen)
+{
+	struct eng_ctx c = { .dry = true };
+	int rc = ctx_plan(&c, m, cfg, err, errlen);
+
+	if (rc)
+		return rc;
+	ctx_alloc(&c);
+	if (c.oom) {
+		snprintf(err, errlen, "a context of %u tokens is too large", c.n_ctx);
+		return -EINVAL;
+	}
+	out->n_ctx = c.n_ctx;
+	out->kv_bytes = c.kv_bytes;
+	out->total_bytes = c.bytes;
+	return 0;
+}
+
+int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
+		   struct eng_ctx **out, char *err, size_t errlen)
+{
+	const struct eng_hparams *hp = &m->hp;
+	struct eng_ctx *c;
+	int rc;
+
+	*out = NULL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		goto oom;
+	rc = ctx_plan(c, m, cfg, err, errlen);
+	if (rc) {
+		eng_ctx_destroy(c);
+		return rc;
+	}
+	rc = eng_pool_create(c->n_threads, &c->pool);
+	if (rc) {
+		snprintf(err, errlen, "cannot start %u threads", c->n_threads);
+		eng_ctx_destroy(c);
+		return rc;
+	}
+	ctx_alloc(c);
+	if (c->oom)
 		goto oom;
 
 	/* theta for pair i at position p is p * freq_scale * base^(-2i/n_rot)
@@ -186,8 +257,12 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	if (!c)
 		return;
 	eng_pool_destroy(c->pool);
-	free(c->kcache);
-	free(c->vcache);
+	for (uint32_t s = 0; c->kv && s < c->m->n_kv_layers; s++) {
+		free(c->kv[s].k);
+		free(c->kv[s].v);
+		free(c->kv[s].tag);
+	}
+	free(c->kv);
 	free(c->x);
 	free(c->xb);
 	free(c->xb2);
@@ -199,7 +274,7 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->att);
 	free(c->vrow);
 	free(c->vacc);
-	free(c->q16);
+	free(c->qbuf);
 	free(c->logits);
 	free(c->qgate);
 	free(c->conv_state);
@@ -215,6 +290,11 @@ void eng_ctx_destroy(struct eng_ctx *c)
 uint64_t eng_ctx_bytes(const struct eng_ctx *c)
 {
 	return c->bytes;
+}
+
+uint64_t eng_ctx_kv_bytes(const struct eng_ctx *c)
+{
+	return c->kv_bytes;
 }
 
 const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c)
@@ -242,6 +322,7 @@ void eng_ctx_reset(struct eng_ctx *c)
 	const struct eng_hparams *hp = &c->m->hp;
 
 	c->n_past = 0;
+	kv_clear(c);
 	/* a new sequence: the recurrent layers start from zero */
 	if (c->m->n_rs_layers) {
 		size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
@@ -290,18 +371,16 @@ static void add(float *x, const float *y, size_t n)
 		x[i] += y[i];
 }
 
-/* Rotate the first n_rot dimensions of each of n_heads heads of v for
- * position pos, with a layer's frequency table and scale. */
-static void rope(const struct eng_ctx *c, float *v, uint32_t n_heads, uint32_t pos,
-		 const float *theta_base, float freq_scale)
+void rope_heads(const struct eng_ctx *c, float *v, uint32_t n_heads, float pos,
+		const float *theta_base, float freq_scale, float mscale)
 {
 	const struct eng_hparams *hp = &c->m->hp;
 	uint32_t half = hp->n_rot / 2;
 	bool norm = hp->rope_kind == ENG_ROPE_NORM;
 
 	for (uint32_t i = 0; i < half; i++) {
-		float theta = (float)pos * freq_scale * theta_base[i];
-		float cs = cosf(theta) * c->rope_mscale, sn = sinf(theta) * c->rope_mscale;
+		float theta = pos * freq_scale * theta_base[i];
+		float cs = cosf(theta) * mscale, sn = sinf(theta) * mscale;
 
 		for (uint32_t h = 0; h < n_heads; h++) {
 			float *x = v + (size_t)h * hp->head_dim;
@@ -337,93 +416,12 @@ static void softcap(float *x, size_t n, float cap)
 		x[i] = tanhf(x[i] * inv) * cap;
 }
 
-struct attn_job {
-	struct eng_ctx *c;
-	uint32_t layer, nb, pos0;
-};
-
-/*
- * One (token, head) pair per work item: scores over the cached keys (the
- * last n_swa of them on a sliding-window layer), softmax, weighted sum of the
- * cached values.  The cache is f16, and like the reference engine the query
- * is rounded to f16 for the q.k products and the attention weights are
- * rounded to f16 for the weighted sum: on models whose scores are large this
- * rounding is visible in the logits, so matching it is what keeps strata
- * within tolerance of the reference.
- */
-static void attn_worker(void *arg, unsigned ith, unsigned nth)
-{
-	const struct attn_job *j = arg;
-	struct eng_ctx *c = j->c;
-	const struct eng_hparams *hp = &c->m->hp;
-	const struct layer_w *lw = &c->m->layers[j->layer];
-	uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-	size_t layer_off = (size_t)lw->slot * c->n_ctx * c->kv_dim;
-	float *att = c->att + (size_t)ith * c->n_ctx;
-	float *vrow = c->vrow + (size_t)ith * hd;
-	double *vacc = c->vacc + (size_t)ith * hd;
-	eng_fp16_t *q16 = c->q16 + (size_t)ith * hd;
-	/* a pre-scaled q (gemma, phi3) leaves the scores as they are */
-	float scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale;
-	float cap = hp->attn_softcap;
-	uint32_t items = j->nb * hp->n_head;
-	eng_vec_dot_fn dot16 = c->k->vec_dot[ENG_TYPE_F16];
-	eng_from_float_fn to16 = c->k->from_float[ENG_TYPE_F16];
-	eng_to_float_fn f16 = c->k->to_float[ENG_TYPE_F16];
-
-	for (uint32_t it = items * ith / nth; it < items * (ith + 1) / nth; it++) {
-		uint32_t b = it / hp->n_head, h = it % hp->n_head, kvh = h / group;
-		uint32_t pos = j->pos0 + b;
-		/* keys t with pos - t < n_swa, as the reference's mask */
-		uint32_t t0 = lw->n_swa && pos >= lw->n_swa ? pos + 1 - lw->n_swa : 0;
-		uint32_t n_keys = pos + 1 - t0;
-		const float *q = c->q + (size_t)b * c->q_dim + (size_t)h * hd;
-		float *out = c->xb2 + (size_t)b * c->q_dim + (size_t)h * hd;
-		const eng_fp16_t *kbase = c->kcache + layer_off + (size_t)t0 * c->kv_dim +
-					  (size_t)kvh * hd;
-		const eng_fp16_t *vbase = c->vcache + layer_off + (size_t)t0 * c->kv_dim +
-					  (size_t)kvh * hd;
-		float mx = -INFINITY;
-		double sum = 0;
-
-		to16(q, q16, hd);
-		for (uint32_t t = 0; t < n_keys; t++) {
-			float s;
-
-			dot16(hd, &s, kbase + (size_t)t * c->kv_dim, q16);
-			if (cap > 0)
-				s = tanhf(s * (1.0f / cap)) * cap;
-			att[t] = s * scale;
-			if (att[t] > mx)
-				mx = att[t];
-		}
-		for (uint32_t t = 0; t < n_keys; t++) {
-			att[t] = expf(att[t] - mx);
-			sum += att[t];
-		}
-		float inv = (float)(1.0 / sum);
-		/* float products summed in double, as ggml's f16 dot does for
-		 * these rows: the weighted sum is as sensitive as the scores */
-		memset(vacc, 0, hd * sizeof(double));
-		for (uint32_t t = 0; t < n_keys; t++) {
-			float a = eng_fp16_to_fp32(eng_fp32_to_fp16(att[t] * inv));
-
-			f16(vbase + (size_t)t * c->kv_dim, vrow, hd);
-			for (uint32_t d = 0; d < hd; d++)
-				vacc[d] += (double)(a * vrow[d]);
-		}
-		for (uint32_t d = 0; d < hd; d++)
-			out[d] = (float)vacc[d];
-	}
-}
-
 /* x += attention(rmsnorm(x)) for the nb tokens at n_past.. */
 static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
 	const struct layer_w *w = &c->m->layers[l];
 	uint32_t E = hp->n_embd, hd = hp->head_dim;
-	size_t layer_off = (size_t)w->slot * c->n_ctx * c->kv_dim;
 	const float *theta = c->theta[w->local_rope];
 	float freq_scale = w->local_rope ? 1.0f : hp->rope_freq_scale;
 
@@ -451,8 +449,6 @@ static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		float *k = c->kb + (size_t)b * c->kv_dim;
 		float *v = c->vb + (size_t)b * c->kv_dim;
 		uint32_t pos = c->n_past + b;
-		eng_fp16_t *kc = c->kcache + layer_off + (size_t)pos * c->kv_dim;
-		eng_fp16_t *vc = c->vcache + layer_off + (size_t)pos * c->kv_dim;
 
 		add_bias(q, &w->bq, c->q_dim);
 		add_bias(k, &w->bk, c->kv_dim);
@@ -465,23 +461,16 @@ static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 				rmsnorm(k + h * hd, k + h * hd, (const float *)w->k_norm.data, hd,
 					hp->norm_eps);
 		}
-		rope(c, q, hp->n_head, pos, theta, freq_scale);
-		rope(c, k, hp->n_head_kv, pos, theta, freq_scale);
+		rope_heads(c, q, hp->n_head, (float)pos, theta, freq_scale, c->rope_mscale);
+		rope_heads(c, k, hp->n_head_kv, (float)pos, theta, freq_scale, c->rope_mscale);
 		if (c->m->arch->q_prescale)
 			for (uint32_t i = 0; i < c->q_dim; i++)
 				q[i] *= hp->attn_scale;
-		for (uint32_t i = 0; i < c->kv_dim; i++) {
-			kc[i] = eng_fp32_to_fp16(k[i]);
-			vc[i] = eng_fp32_to_fp16(v[i]);
-		}
+		kv_store(c, w->slot, pos, k, v);
 	}
 
 	/* xb2 = attention(q, cache); xb = xb2 @ Wo (normed); x += xb */
-	{
-		struct attn_job j = { c, l, nb, c->n_past };
-
-		eng_pool_run(c->pool, attn_worker, &j);
-	}
+	attention(c, l, nb);
 	if (c->m->arch->gated_q)
 		for (size_t i = 0; i < (size_t)nb * c->q_dim; i++)
 			c->xb2[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));

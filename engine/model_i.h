@@ -21,6 +21,7 @@
 #ifndef STRATA_MODEL_I_H
 #define STRATA_MODEL_I_H
 
+#include "attn_i.h"
 #include "engine.h"
 #include "gguf.h"
 #include "quant.h"
@@ -116,15 +117,21 @@ struct eng_ctx {
 	struct eng_pool *pool;
 	uint32_t n_ctx, n_batch, n_past, n_threads;
 	uint32_t q_dim, kv_dim;
-	eng_fp16_t *kcache, *vcache; /* [n_kv_layers][n_ctx][kv_dim] */
+	enum eng_kv_type type_k, type_v;
+	size_t k_row, v_row;         /* bytes of a token's K, V row (kv_dim values) */
+	struct kv_layer *kv;         /* [n_kv_layers] (attn_i.h) */
+	const struct attn_kernels *ak;
+	uint64_t kv_bytes;
 	float *x, *xb, *xb2;         /* [n_batch][max(n_embd, q_dim, ...)] */
 	float *q, *kb, *vb;          /* [n_batch][q_dim (x2 gated)], [n_batch][kv_dim] x2 */
 	float *qgate;                /* [n_batch][q_dim] a gated q's gate */
 	float *hb, *hb2;             /* [n_batch][n_ff] */
 	float *att;                  /* [n_threads][n_ctx] scores */
-	float *vrow;                 /* [n_threads][head_dim] f16 -> f32 scratch */
+	float *vrow;                 /* [n_threads][head_dim] a cache slice as floats */
 	double *vacc;                /* [n_threads][head_dim] weighted-sum accumulators */
-	eng_fp16_t *q16;             /* [n_threads][head_dim] query rounded to f16 */
+	uint8_t *qbuf;               /* [n_threads][qbuf_stride] the query as the keys' dot
+				      * takes it (f16, Q8_0) */
+	size_t qbuf_stride;
 	float *logits;               /* [n_batch][n_vocab] */
 	float *theta[2];             /* [n_rot / 2] per-pair frequency: global, local */
 	float rope_mscale;           /* cos and sin times this (longrope's attn_factor) */
@@ -138,6 +145,7 @@ struct eng_ctx {
 	uint64_t *layer_ns;          /* [n_layer] each layer's CPU time in the last pass */
 	uint64_t outside_ns;         /* the rest of its CPU time (output, logits) */
 	uint64_t bytes;
+	bool dry, oom;               /* eng_ctx_size's count only; an allocation failed */
 };
 
 /* matmul.c: out_j[b][r] = W_j[r] . in[b] for n (<= 3) weights sharing the
@@ -146,8 +154,13 @@ void matmul_shared(struct eng_ctx *c, unsigned n, const struct wt *const *w, flo
 		   const float *in, uint32_t nb);
 void matmul1(struct eng_ctx *c, const struct wt *w, float *out, const float *in, uint32_t nb);
 
-/* forward.c: blocks deltanet.c shares */
+/* forward.c: blocks deltanet.c and kv.c share */
 void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+/* Rotate the first n_rot dimensions of each of n_heads heads of v to
+ * position pos (negative: back by as many), with a layer's frequency table
+ * and scale; cos and sin times mscale. */
+void rope_heads(const struct eng_ctx *c, float *v, uint32_t n_heads, float pos,
+		const float *theta_base, float freq_scale, float mscale);
 
 /* deltanet.c: the token mixer of a hybrid's recurrent layer l, for the nb
  * tokens in c->xb (normed); the result into c->xb ([nb][n_embd]).  Tokens go

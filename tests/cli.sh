@@ -22,6 +22,48 @@ check "run: stories260K continuation" $r
 [ $r = 0 ] || { echo "  want: [$want]"; echo "  got:  [$got]"; cat "$T/err"; }
 grep -q "^strata: prompt .* tok/s.*peak RSS" "$T/err"; check "run: timing on stderr" $?
 
+# 1b. KV cache types: stories260K's text with a q8_0 cache is the reference's
+# for at least 32 tokens; a full context stops in one line, or shifts with
+# --context-shift and goes on as readable text.
+M=$F/models/stories260K.gguf
+got=$("$S" run -m "$M" -p "Once upon a time" -n 32 --temp 0 -ctk q8_0 -ctv q8_0 2>"$T/err")
+[ -n "$got" ] && [ "${want#"$got"}" != "$want" ]; r=$?
+check "run: stories260K continuation with a q8_0 cache, 32 tokens" $r
+[ $r = 0 ] || { echo "  want: [$want]"; echo "  got:  [$got]"; cat "$T/err"; }
+got=$("$S" run -m "$M" -p "Once upon a time" -n 100 -c 40 --temp 0 2>"$T/err"); st=$?
+[ $st = 0 ] && grep -q "^strata: context of 40 tokens is full: generation stopped" "$T/err" &&
+	[ "$(grep -c -v '^strata: prompt' "$T/err")" = 1 ]
+check "run: a full context stops with one line, exit 0" $?
+grep -q "generated 36 tokens" "$T/err"; check "run: ... after the 36 tokens that fit (35 decoded)" $?
+for ct in f16 q8_0; do
+	got=$("$S" run -m "$M" -p "Once upon a time" -n 300 -c 48 --temp 0 --context-shift --keep 4 \
+		-ctk $ct -ctv $ct 2>"$T/err"); st=$?
+	[ $st = 0 ] && grep -q "generated 300 tokens" "$T/err" && ! grep -q "full" "$T/err"
+	check "run: --context-shift goes past the context ($ct cache)" $?
+	# readable: printable ASCII, mostly words the model knows from its stories
+	printf '%s' "$got" | LC_ALL=C grep -q '[^[:print:][:space:]]'; r=$?
+	words=$(printf '%s' "$got" | tr -cs 'A-Za-z' '\n' | grep -c -x -E 'the|was|a|and|to|She|he|she|He|her|his|play|day|big|with|They|they|saw|Lily|said|it')
+	[ $r = 1 ] && [ "$words" -ge 30 ]; r=$?
+	check "run: --context-shift text stays readable ($ct cache, $words common words)" $r
+	[ $r = 0 ] || echo "  got: [$got]"
+done
+if [ -f "$F/arch/models/tiny-qwen35-q4_k_m.gguf" ]; then
+	"$S" run -m "$F/arch/models/tiny-qwen35-q4_k_m.gguf" -p "Hello there" -n 40 -c 16 --temp 0 \
+		--context-shift >/dev/null 2>"$T/err"; st=$?
+	[ $st = 0 ] && grep -q "^strata: context of 16 tokens is full: generation stopped (qwen35 has recurrent layers" "$T/err"
+	check "run: a hybrid model's full context stops in one line even with --context-shift" $?
+fi
+# no -c: sized to memory, told in one line (stories260K's 2048 tokens at f16
+# fit any machine that runs the tests)
+"$S" run -m "$M" -p "Once" -n 1 --temp 0 >/dev/null 2>"$T/err"
+grep -q "^strata: context 2048 tokens, KV cache f16/f16 1.2 MiB (.* in all): the largest that fits" "$T/err"
+check "run: the context sized to memory, in one line" $?
+"$S" run -m "$M" -p "Once" -n 1 --temp 0 -ctk q4_0 >/dev/null 2>"$T/err"
+grep -q "^strata: context 2048 tokens, KV cache q4_0/f16" "$T/err"; check "run: sized to memory keeps -ctk" $?
+expect_usage_ct() { "$S" run -m "$M" -p hi "$@" >/dev/null 2>"$T/err"; [ $? = 1 ] && grep -q "unknown cache type 'q5_1'" "$T/err"; }
+expect_usage_ct -ctk q5_1; check "usage: unknown -ctk type" $?
+expect_usage_ct --cache-type-v q5_1; check "usage: unknown --cache-type-v type" $?
+
 # 2. eval writes one float32 row of n_vocab per token.
 "$S" eval -m "$F/models/stories260K.gguf" --tokens 1,403,407,261 --logits-out "$T/l.bin"
 check "eval: exit 0" $?
