@@ -25,9 +25,25 @@
  * other, each front to back (a single stream, as the AVX-512 kernel found
  * fastest from memory), with the row K_PREFETCH_ROWS ahead prefetched.
  */
-#define Q4K_TOKENS 4 /* tokens sharing the unpacked nibbles */
+#ifndef KR_SWITCH
+/* Call CALL(tn) with tn a constant from 1 to KR_TOKENS: each case is an
+ * inlined copy in which the token loops unroll and the accumulators stay
+ * in registers. */
+#define KR_TOKENS 8 /* tokens sharing a block's unpacked quants */
+#define KR_SWITCH(n, CALL)                                                                       \
+	switch (n) {                                                                               \
+	case 1: CALL(1); break;                                                                    \
+	case 2: CALL(2); break;                                                                    \
+	case 3: CALL(3); break;                                                                    \
+	case 4: CALL(4); break;                                                                    \
+	case 5: CALL(5); break;                                                                    \
+	case 6: CALL(6); break;                                                                    \
+	case 7: CALL(7); break;                                                                    \
+	default: CALL(8); break;                                                                   \
+	}
+#endif
 
-/* Block i of row x by tn (1 to Q4K_TOKENS, a constant where inlined: the
+/* Block i of row x by tn (1 to KR_TOKENS, a constant where inlined: the
  * token loops unroll and sumi stays in registers) tokens from act. */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m128i mins, const uint8_t *act,
@@ -35,8 +51,8 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m128i m
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 	const float xd = fp16(x->d), xdmin = fp16(x->dmin);
-	const struct eng_block_q8_k *y[Q4K_TOKENS];
-	__m256i sumi[Q4K_TOKENS];
+	const struct eng_block_q8_k *y[KR_TOKENS];
+	__m256i sumi[KR_TOKENS];
 
 	for (unsigned t = 0; t < tn; t++) {
 		y[t] = (const struct eng_block_q8_k *)(act + t * a_stride) + i;
@@ -79,8 +95,8 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 	    const unsigned tn, float *out, size_t out_stride)
 {
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
-	__m256 acc[Q4K_TOKENS];
-	__m128 acc_m[Q4K_TOKENS];
+	__m256 acc[KR_TOKENS];
+	__m128 acc_m[KR_TOKENS];
 
 	for (unsigned t = 0; t < tn; t++) {
 		acc[t] = _mm256_setzero_ps();
@@ -117,23 +133,13 @@ KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *ou
 		const struct eng_block_q4_k *x =
 			(const void *)((const uint8_t *)w + (size_t)r * stride);
 
-		for (unsigned t0 = 0; t0 < nt; t0 += Q4K_TOKENS) {
+		for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
 			const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
 			float *o = out + t0 * out_stride + r;
 
-			switch (nt - t0 < Q4K_TOKENS ? nt - t0 : Q4K_TOKENS) {
-			case 1:
-				KR_NAME(q4_k_row_tn)(x, n / ENG_QK_K, y, a_stride, 1, o, out_stride);
-				break;
-			case 2:
-				KR_NAME(q4_k_row_tn)(x, n / ENG_QK_K, y, a_stride, 2, o, out_stride);
-				break;
-			case 3:
-				KR_NAME(q4_k_row_tn)(x, n / ENG_QK_K, y, a_stride, 3, o, out_stride);
-				break;
-			default:
-				KR_NAME(q4_k_row_tn)(x, n / ENG_QK_K, y, a_stride, 4, o, out_stride);
-			}
+#define CALL(tn) KR_NAME(q4_k_row_tn)(x, n / ENG_QK_K, y, a_stride, tn, o, out_stride)
+			KR_SWITCH(nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS, CALL)
+#undef CALL
 		}
 	}
 }
@@ -149,15 +155,15 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 {
 	const __m256i m32 = _mm256_set1_epi8(32);
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
-	__m256 acc[Q4K_TOKENS];
+	__m256 acc[KR_TOKENS];
 
 	for (unsigned t = 0; t < tn; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (size_t i = 0; i < nb; i++) {
 		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
 		const float xd = fp16(x[i].d);
-		const struct eng_block_q8_k *y[Q4K_TOKENS];
-		__m256i sumi[Q4K_TOKENS];
+		const struct eng_block_q8_k *y[KR_TOKENS];
+		__m256i sumi[KR_TOKENS];
 
 		for (int l = 0; l < 4; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
@@ -208,23 +214,13 @@ KR_ATTR static void KR_NAME(vec_dot8_q6_k_q8_k)(size_t n, unsigned nt, float *ou
 		const struct eng_block_q6_k *x =
 			(const void *)((const uint8_t *)w + (size_t)r * stride);
 
-		for (unsigned t0 = 0; t0 < nt; t0 += Q4K_TOKENS) {
+		for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
 			const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
 			float *o = out + t0 * out_stride + r;
 
-			switch (nt - t0 < Q4K_TOKENS ? nt - t0 : Q4K_TOKENS) {
-			case 1:
-				KR_NAME(q6_k_row_tn)(x, n / ENG_QK_K, y, a_stride, 1, o, out_stride);
-				break;
-			case 2:
-				KR_NAME(q6_k_row_tn)(x, n / ENG_QK_K, y, a_stride, 2, o, out_stride);
-				break;
-			case 3:
-				KR_NAME(q6_k_row_tn)(x, n / ENG_QK_K, y, a_stride, 3, o, out_stride);
-				break;
-			default:
-				KR_NAME(q6_k_row_tn)(x, n / ENG_QK_K, y, a_stride, 4, o, out_stride);
-			}
+#define CALL(tn) KR_NAME(q6_k_row_tn)(x, n / ENG_QK_K, y, a_stride, tn, o, out_stride)
+			KR_SWITCH(nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS, CALL)
+#undef CALL
 		}
 	}
 }
