@@ -19,7 +19,7 @@
  * sums: exact in any order) and the same float steps in the same order,
  * one block after the other.  A prompt's tokens share each weight block:
  * its scales are unpacked once, and each 32 bytes of nibbles are split
- * once with their two sub-block scales put in place, for four tokens at a
+ * once with their two sub-block scales put in place, for eight tokens at a
  * time; per token and 64 elements that leaves the two activation loads,
  * two maddubs, two madds and two adds.  The rows are read one after the
  * other, each front to back (a single stream, as the AVX-512 kernel found
@@ -147,7 +147,7 @@ KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *ou
 /*
  * Q6_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
  * token bit-identical to vec_dot_q6_k_q8_k, as for Q4_K above: each 128
- * elements of a row are unpacked to 6-bit quants once for four tokens.
+ * elements of a row are unpacked to 6-bit quants once for eight tokens.
  */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *act, size_t a_stride,
