@@ -426,23 +426,49 @@ static uint64_t anon_rss_bytes(void)
  * still use (hwbench_mem_headroom: the memory cgroup's room, or
  * MemAvailable) less the model's weights, which want to stay in memory too;
  * when they do not fit anyway (they will stream from the file), a quarter
- * of the room.  Through the pager the daemon plans memory and the default
- * stays min(trained context, 4096): the protocol has no "how much may I
- * use" yet.  The choice is told in one line.  An explicit -c is checked
- * against the whole room (the weights can be paged out, the context
- * cannot) and refused with the numbers.  Returns 0 or an exit status.
+ * of the room.  Through the pager, the daemon holds the weights and says
+ * what its plan leaves this engine (pager_client_room): the --mode's room
+ * for engines, which costs no resident layer, or where that is less than
+ * the default context (min(trained, 4096)) needs, the default context, as
+ * far as the most the daemon lets it declare.  The choice is told in one
+ * line.  An explicit -c is checked against the whole room (the weights can
+ * be paged out, the context cannot), through the pager against that most,
+ * and refused with the numbers.  Returns 0 or an exit status.
  */
 static int size_context(struct session *s, const struct opts *o, struct eng_ctx_config *cc)
 {
 	struct hwbench_headroom room;
 	char err[256];
 	uint64_t w = s->hp->weight_bytes, budget;
-	bool weights_fit;
+	uint32_t top = s->hp->n_ctx_train ? s->hp->n_ctx_train : 4096;
+	const char *why;
 
-	if (s->pc || hwbench_mem_headroom("", &room))
-		return 0; /* the default context */
-	weights_fit = room.bytes > w + ((uint64_t)64 << 20);
-	budget = weights_fit ? room.bytes - w : room.bytes / 4;
+	if (s->pc) {
+		uint64_t mode_room, limit;
+		struct eng_ctx_size def;
+		struct eng_ctx_config d = *cc;
+
+		pager_client_room(s->pc, &mode_room, &limit);
+		if (limit == UINT64_MAX && !cc->n_ctx)
+			return 0; /* no budget: the default context */
+		d.n_ctx = s->hp->n_ctx_train && s->hp->n_ctx_train < 4096 ? s->hp->n_ctx_train : 4096;
+		budget = mode_room;
+		why = "the pager's room for engines in its mode";
+		if (!eng_ctx_size(s->model, &d, &def, err, sizeof(err)) && budget < def.total_bytes) {
+			budget = def.total_bytes < limit ? def.total_bytes : limit;
+			top = d.n_ctx; /* no more than the default */
+			why = "the default context, within what the pager lets this engine declare";
+		}
+		room = (struct hwbench_headroom){ .bytes = limit };
+	} else {
+		if (hwbench_mem_headroom("", &room))
+			return 0; /* the default context */
+		bool weights_fit = room.bytes > w + ((uint64_t)64 << 20);
+
+		budget = weights_fit ? room.bytes - w : room.bytes / 4;
+		why = weights_fit ? "the memory left after the weights"
+				  : "a quarter of the memory left (the weights do not fit)";
+	}
 	if (cc->n_ctx) {
 		struct eng_ctx_size sz;
 
@@ -452,15 +478,14 @@ static int size_context(struct session *s, const struct opts *o, struct eng_ctx_
 		}
 		if (sz.total_bytes > room.bytes) {
 			msg("%s: a context of %u tokens needs %.0f MiB (KV cache %s/%s %.0f MiB), "
-			    "%.0f MiB left to this process: use a smaller -c, or -ctk/-ctv q8_0 or q4_0",
+			    "%.0f MiB left to this process%s: use a smaller -c, or -ctk/-ctv q8_0 or q4_0",
 			    o->model, cc->n_ctx, MIB(sz.total_bytes), eng_kv_type_name(cc->type_k),
-			    eng_kv_type_name(cc->type_v), MIB(sz.kv_bytes), MIB(room.bytes));
+			    eng_kv_type_name(cc->type_v), MIB(sz.kv_bytes), MIB(room.bytes),
+			    s->pc ? " by the pager's budget" : "");
 			return EXIT_BAD_INPUT;
 		}
 		return 0;
 	}
-	uint32_t top = s->hp->n_ctx_train ? s->hp->n_ctx_train : 4096;
-
 	top = top > (1u << 20) ? 1u << 20 : top;
 	for (uint32_t n = top;; n = n / 2 > CTX_MIN ? n / 2 : CTX_MIN) {
 		struct eng_ctx_size sz;
@@ -478,18 +503,21 @@ static int size_context(struct session *s, const struct opts *o, struct eng_ctx_
 				msg("context %u tokens, KV cache %s/%s %.1f MiB (%.1f MiB in all): the "
 				    "largest that fits %.0f MiB, %s",
 				    n, eng_kv_type_name(try.type_k), eng_kv_type_name(try.type_v),
-				    MIB(sz.kv_bytes), MIB(sz.total_bytes), MIB(budget),
-				    weights_fit ? "the memory left after the weights"
-						: "a quarter of the memory left (the weights do not fit)");
+				    MIB(sz.kv_bytes), MIB(sz.total_bytes), MIB(budget), why);
 				return 0;
 			}
 		}
 		if (n <= CTX_MIN)
 			break;
 	}
-	msg("%s: not even a context of %u tokens fits: %.0f MiB left to this process, %.0f MiB "
-	    "of weights",
-	    o->model, CTX_MIN < top ? CTX_MIN : top, MIB(room.bytes), MIB(w));
+	if (s->pc)
+		msg("%s: not even a context of %u tokens fits the %.0f MiB the pager's budget lets "
+		    "this engine declare",
+		    o->model, CTX_MIN < top ? CTX_MIN : top, MIB(room.bytes));
+	else
+		msg("%s: not even a context of %u tokens fits: %.0f MiB left to this process, "
+		    "%.0f MiB of weights",
+		    o->model, CTX_MIN < top ? CTX_MIN : top, MIB(room.bytes), MIB(w));
 	return EXIT_BAD_INPUT;
 }
 

@@ -58,6 +58,7 @@ struct pager_client {
 	int memfd;      /* the model's, kept for REMAPs back to it */
 	int slotfd;     /* the streaming slots, -1 without */
 	uint64_t slots_size;
+	uint64_t engine_room, engine_limit; /* from MODEL: see pager_client_room */
 	int stopfd; /* eventfd: tells the watchdog to go quietly */
 	void *base;
 	size_t map_size;
@@ -397,6 +398,8 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	file_size = proto_get_u64(mp);
 	c->map_size = proto_get_u64(mp + 8);
 	c->slots_size = proto_get_u64(mp + 32);
+	c->engine_room = proto_get_u64(mp + 40);
+	c->engine_limit = proto_get_u64(mp + 48);
 	if (c->slots_size) {
 		uint8_t none[1];
 
@@ -488,6 +491,12 @@ fail:
 	free(hello);
 	pager_client_close(c);
 	return rc < 0 ? rc : -EPROTO;
+}
+
+void pager_client_room(const struct pager_client *c, uint64_t *room, uint64_t *limit)
+{
+	*room = c->engine_room;
+	*limit = c->engine_limit;
 }
 
 int pager_client_declare(struct pager_client *c, uint64_t bytes)

@@ -99,6 +99,11 @@ struct pager_client_config {
 
 int pager_client_open(const struct pager_client_config *cfg, struct pager_client **out,
 		      const void **base, size_t *size, char *err, size_t errlen);
+/* What the daemon's plan leaves this engine, as it connected: *room, what
+ * it may declare without taking a resident layer (the --mode's room for
+ * engines, less what the others declared), and *limit, the most it may
+ * declare at all (more is refused); UINT64_MAX: the daemon has no budget. */
+void pager_client_room(const struct pager_client *c, uint64_t *room, uint64_t *limit);
 /* Tell the daemon how much memory this client needs besides the model (its
  * KV cache and buffers), once it knows; the daemon re-plans residency. */
 int pager_client_declare(struct pager_client *c, uint64_t bytes);

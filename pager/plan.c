@@ -238,12 +238,14 @@ void plan_compute(struct plan *pl, struct plan_model *ms, unsigned n)
 		pl->minimum += ms[i].minimum;
 	if (!pl->budget) {
 		pl->engines = pl->declared;
+		pl->room = UINT64_MAX;
 		pl->layers = UINT64_MAX;
 		for (unsigned i = 0; i < n; i++)
 			ms[i].allowance = UINT64_MAX;
 	} else {
 		spare = pl->budget > pl->minimum ? pl->budget - pl->minimum : 0;
 		room = spare / 4 * mode_quarters[pl->mode];
+		pl->room = room;
 		pl->engines = pl->declared > room ? pl->declared : room;
 		pl->layers = spare > pl->engines ? spare - pl->engines : 0;
 		pl->by_gain = gains_known(ms, n);

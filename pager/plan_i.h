@@ -50,6 +50,7 @@ struct plan {
 	/* out */
 	uint64_t minimum;  /* the models' minimums together */
 	uint64_t engines;  /* kept for engines: their declarations or the mode's room */
+	uint64_t room;     /* the mode's room for engines (UINT64_MAX: no budget) */
 	uint64_t layers;   /* for resident layers, all models */
 	bool by_gain;      /* they were shared by predicted gain, not equally */
 };

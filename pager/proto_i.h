@@ -53,7 +53,7 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC 0x41525453u
-#define PROTO_VERSION 3
+#define PROTO_VERSION 4
 #define PROTO_HDR_SIZE 16
 #define PROTO_MAX_PAYLOAD (1u << 20)
 #define PROTO_MAX_NAME 4096
@@ -97,9 +97,13 @@ enum proto_role {
  *   20  4 page_size
  *   24  8 model_id    the daemon's index of the model
  *   32  8 slots_size  bytes of the slots memfd (0: none, no SLOTS follows)
- *   40  8 reserved
+ *   40  8 engine_room  what this engine may declare and take no resident layer
+ *                     (the mode's room for engines less what the others
+ *                     declared); UINT64_MAX: no budget
+ *   48  8 engine_limit the most it may declare at all (the budget less the
+ *                     models' minimums and the others' declarations)
  */
-#define PROTO_MODEL_SIZE 48
+#define PROTO_MODEL_SIZE 56
 
 /* SLOTS payload (0 bytes), with one fd: the memfd of the streaming slots,
  * slots_size bytes, mapped by REMAP only. */

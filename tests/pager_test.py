@@ -258,7 +258,7 @@ def raw_conn(sock):
     return s
 
 
-def hdr(t, n, magic=0x41525453, ver=3):
+def hdr(t, n, magic=0x41525453, ver=4):
     return struct.pack("<IBBHII", magic, ver, 0, t, n, 0)
 
 
@@ -554,9 +554,15 @@ def case_plan():
     a.kill()
     a_err = a.communicate()[1].decode(errors="replace")
     d.stop()
-    check("plan: an engine declaring more than the budget leaves is refused with both numbers",
-          b.returncode == 2 and "needs" in b.stderr and "leaves" in b.stderr and
-          "MiB for engines" in b.stderr, f"{b.returncode}: {b.stderr}")
+    # strata itself checks its context against what MODEL says the daemon
+    # lets it declare and stops first; the daemon's own refusal (it drops
+    # an engine whose DECLARE is more, "... leaves N MiB for engines") is
+    # for clients that do not.  Either way: one line, both numbers.
+    engine_said = "MiB left to this process by the pager's budget" in b.stderr
+    daemon_said = "leaves" in b.stderr and "MiB for engines" in b.stderr
+    check("plan: an engine needing more than the budget leaves is refused with both numbers",
+          b.returncode == 2 and "needs" in b.stderr and (engine_said or daemon_said) and
+          len(b.stderr.strip().splitlines()) == 1, f"{b.returncode}: {b.stderr}")
     check("plan: the engine beside it goes on", alive and len(st["clients"]) == 1,
           f"{alive} {st['clients']} {a_err[-300:]}")
 
@@ -574,6 +580,33 @@ def case_plan():
               top["budget"]["source"] == "given", text)
     check("plan: speed keeps more layers than balanced, balanced more than context",
           planned["speed"] > planned["balanced"] > planned["context"], str(planned))
+
+    # With no -c, an engine sizes its context to what the daemon's plan
+    # leaves it: the --mode's room for engines (context mode: more), or the
+    # default context where that is less; a -c beyond what the daemon lets
+    # it declare is refused with the numbers.
+    long_ctx = os.path.join(TMP, "small-q4_0-ctx32k.gguf")
+    subprocess.run([MKMODEL, "--shape", "small", "--type", "q4_0", "--ctx", "32768", "-o",
+                    long_ctx], check=True, capture_output=True)
+    sized = {}
+    for mode in ("speed", "context"):
+        d = Daemon([long_ctx], "--budget", str(400 << 20), "--mode", mode)
+        r = subprocess.run([STRATA, "run", "-m", long_ctx, "--pager", d.sock, "-p", "hello", "-n",
+                            "2"], capture_output=True, text=True, timeout=120)
+        line = next((l for l in r.stderr.splitlines() if l.startswith("strata: context ")), "")
+        sized[mode] = (r.returncode, int(line.split()[2]) if line else 0, line)
+        if mode == "context":
+            big = subprocess.run([STRATA, "run", "-m", long_ctx, "--pager", d.sock, "-p", "hi",
+                                  "-n", "1", "-c", "1000000"], capture_output=True, text=True,
+                                 timeout=120)
+        d.stop()
+    check("plan: with no -c, context mode gives an engine a longer context than speed mode",
+          sized["speed"][0] == 0 and sized["context"][0] == 0 and
+          sized["context"][1] > sized["speed"][1] == 4096 and
+          "pager's room for engines" in sized["context"][2], str(sized))
+    check("plan: a -c beyond what the pager lets the engine declare is refused with the numbers",
+          big.returncode == 2 and "MiB left to this process by the pager's budget" in big.stderr,
+          f"{big.returncode}: {big.stderr}")
 
     # Two models: shared equally until an engine has decoded with each, then
     # by what the predictor says each gains; within the budget either way.
