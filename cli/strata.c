@@ -572,7 +572,8 @@ static int session_open(struct session *s, const struct opts *o, bool want_ctx)
 		msg("%s: %s", o->model, err);
 		return EXIT_BAD_INPUT;
 	}
-	if (s->pc && pager_client_declare(s->pc, s->own_bytes + eng_ctx_bytes(s->ctx))) {
+	if (s->pc && pager_client_declare(s->pc, s->own_bytes + eng_ctx_bytes(s->ctx),
+					  eng_ctx_kv_bytes(s->ctx))) {
 		msg("%s: cannot talk to the pager", o->model);
 		return EXIT_BAD_INPUT;
 	}

@@ -499,11 +499,12 @@ void pager_client_room(const struct pager_client *c, uint64_t *room, uint64_t *l
 	*limit = c->engine_limit;
 }
 
-int pager_client_declare(struct pager_client *c, uint64_t bytes)
+int pager_client_declare(struct pager_client *c, uint64_t bytes, uint64_t kv_bytes)
 {
 	uint8_t p[PROTO_DECLARE_SIZE];
 
 	proto_put_u64(p, bytes);
+	proto_put_u64(p + 8, kv_bytes);
 	return proto_send(c->sock, PROTO_DECLARE, p, sizeof(p), -1);
 }
 

@@ -105,8 +105,9 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
  * declare at all (more is refused); UINT64_MAX: the daemon has no budget. */
 void pager_client_room(const struct pager_client *c, uint64_t *room, uint64_t *limit);
 /* Tell the daemon how much memory this client needs besides the model (its
- * KV cache and buffers), once it knows; the daemon re-plans residency. */
-int pager_client_declare(struct pager_client *c, uint64_t bytes);
+ * KV cache and buffers), of which kv_bytes its KV cache, once it knows;
+ * the daemon re-plans residency. */
+int pager_client_declare(struct pager_client *c, uint64_t bytes, uint64_t kv_bytes);
 /* Tell the daemon `tokens` decode passes took wall_ns (faults included),
  * of which the engine's CPU time was outside_ns outside the layers and
  * layer_ns[l] in each of the n_layers layers (n_layers 0: not known; at

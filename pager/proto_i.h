@@ -142,9 +142,10 @@ enum proto_role {
  * STATUS payload: that text, not NUL-terminated. */
 #define PROTO_STATUS_REQ_SIZE 4
 
-/* DECLARE payload (8 bytes):
- *    0  8 declared_bytes  replaces the value from HELLO */
-#define PROTO_DECLARE_SIZE 8
+/* DECLARE payload (16 bytes):
+ *    0  8 declared_bytes  replaces the value from HELLO
+ *    8  8 kv_bytes        of which its KV cache (shown in the status) */
+#define PROTO_DECLARE_SIZE 16
 
 /* PASS payload (24 + 4 * n_layers bytes):
  *    0  4 tokens      decode tokens computed (one a pass)

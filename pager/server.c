@@ -394,6 +394,7 @@ static void on_sock(struct client *c)
 		break;
 	case C_ACTIVE:
 		if (type == PROTO_DECLARE && len == PROTO_DECLARE_SIZE) {
+			c->kv_bytes = proto_get_u64(buf + PROTO_HDR_SIZE + 8);
 			pager_declare(c, proto_get_u64(buf + PROTO_HDR_SIZE));
 		} else if (type == PROTO_PASS && len >= PROTO_PASS_FIXED &&
 			   len == PROTO_PASS_FIXED + 4 * (uint64_t)proto_get_u32(buf + PROTO_HDR_SIZE + 4)) {

@@ -186,6 +186,7 @@ struct client {
 	struct model *m;
 	uint64_t base;
 	uint64_t declared;
+	uint64_t kv_bytes;    /* of declared, its KV cache (DECLARE) */
 	int pos;              /* last layer unit the client entered, -1 unknown */
 	uint64_t faults;
 	uint64_t wait_ns;

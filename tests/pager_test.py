@@ -565,6 +565,11 @@ def case_plan():
           len(b.stderr.strip().splitlines()) == 1, f"{b.returncode}: {b.stderr}")
     check("plan: the engine beside it goes on", alive and len(st["clients"]) == 1,
           f"{alive} {st['clients']} {a_err[-300:]}")
+    # 256 tokens of the small shape's f16 cache: 12 layers x 2 x 256 x 4 heads x 64 x 2 bytes
+    kv = st["clients"][0].get("kv_bytes", 0) if st["clients"] else 0
+    check("plan: the status shows the engine's KV cache within what it declared",
+          kv == 12 * 2 * 256 * 4 * 64 * 2 and kv < st["clients"][0]["declared_bytes"],
+          str(st["clients"]))
 
     budget = str(minimum + (30 << 20))
     planned = {}
