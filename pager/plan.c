@@ -178,18 +178,16 @@ static bool gains_known(const struct plan_model *ms, unsigned n)
 	return open > 0;
 }
 
-/* Share `layers` bytes by predicted gain (see the top of this file): the
- * step with the most log-speed gained per byte goes first, a step being
- * any number of a model's next layers (the curve rises faster near full
- * residency, so one layer alone can look worth less than the run it
- * starts).  What no step can use is then shared equally.  Returns what is
- * left. */
+/* Share `layers` bytes by predicted gain (see the top of this file), added
+ * to the allowances: the step with the most log-speed gained per byte goes
+ * first, a step being any number of a model's next layers (the curve rises
+ * faster near full residency, so one layer alone can look worth less than
+ * the run it starts).  What no step can use is then shared equally.
+ * Returns what is left. */
 static uint64_t share_by_gain(uint64_t layers, struct plan_model *ms, unsigned n)
 {
-	for (unsigned i = 0; i < n; i++) {
-		ms[i].allowance = ms[i].minimum;
+	for (unsigned i = 0; i < n; i++)
 		ms[i].n_resident = 0; /* the layers given so far */
-	}
 	for (;;) {
 		struct plan_model *best = NULL;
 		unsigned best_r = 0;

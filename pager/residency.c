@@ -201,6 +201,19 @@ uint64_t pager_declared_connected(const struct pager *p)
 	return d;
 }
 
+/* What the plan leaves an engine beside the `others` bytes the other
+ * engines declared: *room, what it may declare and take no resident layer
+ * (the --mode's room for engines), and *limit, the most it may declare at
+ * all; UINT64_MAX without a budget. */
+void pager_engine_room(const struct pager *p, uint64_t others, uint64_t *room, uint64_t *limit)
+{
+	uint64_t all = plan_engine_limit(&p->plan, p->plan_models, p->n_models);
+	uint64_t mode = p->plan.room;
+
+	*room = mode == UINT64_MAX ? UINT64_MAX : mode > others ? mode - others : 0;
+	*limit = all == UINT64_MAX ? UINT64_MAX : all > others ? all - others : 0;
+}
+
 /* Client c (active) needs `bytes` of its own (its KV cache and buffers):
  * reserve them from the budget and re-plan every model.  More than the
  * budget can give the engines beside what streaming needs is refused: the
@@ -208,16 +221,17 @@ uint64_t pager_declared_connected(const struct pager *p)
 void pager_declare(struct client *c, uint64_t bytes)
 {
 	struct pager *p = c->p;
-	uint64_t others = pager_declared_connected(p) - c->declared, d;
+	uint64_t others = pager_declared_connected(p) - c->declared, d, room, left;
 	uint64_t limit = plan_engine_limit(&p->plan, p->plan_models, p->n_models);
 
+	pager_engine_room(p, others, &room, &left);
 	if (bytes > limit || others > limit - bytes) {
 		char why[256];
 
 		snprintf(why, sizeof(why),
 			 "it needs %.1f MiB of its own, and the budget leaves %.1f MiB for engines "
 			 "(%.1f MiB, less the %.1f MiB streaming needs%s)",
-			 bytes / 1048576.0, (limit - (others < limit ? others : limit)) / 1048576.0,
+			 bytes / 1048576.0, left / 1048576.0,
 			 p->cfg.budget / 1048576.0, p->plan.minimum / 1048576.0,
 			 others ? ", less what other engines declared" : "");
 		pager_drop_client(c, why);

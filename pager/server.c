@@ -199,13 +199,12 @@ static void on_hello(struct client *c, const uint8_t *pl, uint32_t len)
 	proto_put_u32(mp + 20, (uint32_t)m->lay->page);
 	proto_put_u64(mp + 24, m->idx);
 	proto_put_u64(mp + 32, m->n_slots * m->slot_size);
-	/* (this client is not connected yet: the others' alone) */
-	uint64_t others = pager_declared_connected(p);
-	uint64_t limit = plan_engine_limit(&p->plan, p->plan_models, p->n_models);
+	uint64_t room, limit;
 
-	proto_put_u64(mp + 40, p->plan.room == UINT64_MAX ? UINT64_MAX
-			       : p->plan.room > others ? p->plan.room - others : 0);
-	proto_put_u64(mp + 48, limit == UINT64_MAX ? UINT64_MAX : limit > others ? limit - others : 0);
+	/* (this client is not connected yet: the others' declarations alone) */
+	pager_engine_room(p, pager_declared_connected(p), &room, &limit);
+	proto_put_u64(mp + 40, room);
+	proto_put_u64(mp + 48, limit);
 	if (proto_send(c->fd, PROTO_MODEL, mp, sizeof(mp), m->memfd) ||
 	    (m->n_slots && proto_send(c->fd, PROTO_SLOTS, NULL, 0, m->slotfd)))
 		pager_drop_client(c, "cannot send MODEL");

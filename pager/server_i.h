@@ -319,6 +319,9 @@ uint64_t pager_allowance(const struct model *m);
 uint64_t pager_declared(const struct pager *p);
 uint64_t pager_declared_connected(const struct pager *p);
 void pager_declare(struct client *c, uint64_t bytes);
+/* What the plan leaves an engine beside what the others declared: the
+ * mode's room, and the most it may declare (UINT64_MAX: no budget). */
+void pager_engine_room(const struct pager *p, uint64_t others, uint64_t *room, uint64_t *limit);
 /* What the model holds against its allowance: memfd, page cache, sparse. */
 uint64_t pager_held(const struct model *m);
 int pager_plan_init(struct model *m);
