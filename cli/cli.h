@@ -1,0 +1,119 @@
+/*
+ * cli.h - what the sub-commands of `strata` share: the options and their
+ * parsing (opts.c), the loaded model and its context (session.c), and the
+ * sub-commands themselves, each int cmd_NAME(argc, argv) returning an exit
+ * status.
+ */
+#ifndef STRATA_CLI_H
+#define STRATA_CLI_H
+
+#include "engine.h"
+#include "pager.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define EXIT_USAGE 1
+#define EXIT_BAD_INPUT 2
+#define MIB(x) ((double)(x) / 1048576.0)
+
+/* opts.c */
+extern const char usage_text[];
+/* "strata: " and the message and a newline, to stderr. */
+void __attribute__((format(printf, 1, 2))) msg(const char *fmt, ...);
+/* Print why (if any) and the usage text; returns EXIT_USAGE. */
+int usage(const char *why);
+
+/* Options shared by every command; each command uses what it needs. */
+struct opts {
+	const char *model;
+	const char *prompt;
+	const char *prompt_file;
+	const char *text;
+	const char *tokens;
+	const char *logits_out;
+	const char *pager;
+	long n_predict;
+	long n_prompt;
+	unsigned threads;
+	unsigned ctx;
+	unsigned batch;
+	bool no_bos;
+	bool json;
+	bool no_hw;
+	enum eng_kv_type type_k, type_v;
+	bool seen_ctk, seen_ctv;
+	bool context_shift; /* run: shift the context when it fills */
+	long keep;          /* run: tokens --context-shift keeps (-1: the prompt) */
+	long warmup;     /* bench: tokens decoded before measuring */
+	const char *trace; /* bench: a line per decoded token into this file */
+	struct eng_sampler_config samp;
+	bool seen_n, seen_p;
+};
+
+enum {
+	OPT_TEMP = 256,
+	OPT_TOP_K,
+	OPT_TOP_P,
+	OPT_MIN_P,
+	OPT_SEED,
+	OPT_TOKENS,
+	OPT_LOGITS_OUT,
+	OPT_NO_BOS,
+	OPT_TEXT,
+	OPT_JSON,
+	OPT_PAGER,
+	OPT_NO_HW,
+	OPT_WARMUP,
+	OPT_TRACE,
+	OPT_CACHE_K,
+	OPT_CACHE_V,
+	OPT_CONTEXT_SHIFT,
+	OPT_KEEP,
+};
+
+/* Parse argv for sub-command cmd into o.  Returns 0, or EXIT_USAGE after
+ * printing why. */
+int parse_opts(int argc, char **argv, const char *cmd, struct opts *o);
+
+/* session.c */
+/* The loaded model and where its bytes live. */
+struct session {
+	const void *base;
+	size_t size;
+	struct pager_client *pc; /* when the pager maps the model */
+	struct eng_model *model;
+	struct eng_ctx *ctx;
+	const struct eng_hparams *hp;
+	const struct eng_tokenizer *tok;
+	uint64_t own_bytes; /* the process's heap once the model is loaded */
+	enum eng_kv_type type_k, type_v; /* the cache's, as given or sized */
+	/* decode passes not yet reported to the pager (session_decode) */
+	uint32_t pass_tokens;
+	double pass_s, pass_since;
+	uint64_t *pass_layer_ns; /* [n_layer] */
+	uint64_t pass_outside_ns;
+};
+
+/* Map and load o->model (through the pager with o->pager) and, with
+ * want_ctx, create its context sized to memory and declare it to the
+ * pager.  Returns 0 or an exit status after saying why. */
+int session_open(struct session *s, const struct opts *o, bool want_ctx);
+void session_close(struct session *s);
+/* eng_decode, timing single-token passes for the pager's predictor. */
+int session_decode(struct session *s, const int32_t *ids, size_t n, float *logits, bool all);
+
+double now_s(void);  /* CLOCK_MONOTONIC, seconds */
+double unix_s(void); /* wall-clock time, to line a trace up with other logs */
+uint64_t peak_rss_bytes(void);
+/* All of a stream into a NUL-terminated malloc'd buffer; NULL on error. */
+char *read_all(FILE *f, size_t *len);
+/* The text of token id to stdout. */
+void print_piece(const struct eng_tokenizer *tok, int32_t id);
+
+/* the sub-commands */
+int cmd_bench(int argc, char **argv);
+
+#endif

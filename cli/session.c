@@ -1,0 +1,375 @@
+/*
+ * session.c - a loaded model and its context, as every sub-command opens
+ * them: the weights mapped (plain mmap, or the pager's mapping with
+ * --pager), the context sized to memory, and decode passes reported to the
+ * pager.  Also the small helpers the sub-commands share (clocks, reading a
+ * whole file, printing a token).
+ *
+ * The weights reach the engine as (base, size) of the whole file, from
+ * session_open: nothing else in the engine knows where they came from.
+ */
+#include "cli.h"
+#include "hwbench.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+/*
+ * A plain mapping of the model file raises SIGBUS when a page cannot be
+ * read: the file shrank under us, the disk failed, or the filesystem went
+ * away (a FUSE daemon that died).  That is bad input, not a crash: one line
+ * and exit 2.  (Through --pager, the pager client watches the daemon.)
+ */
+static struct {
+	const char *base;
+	size_t size;
+	char msg[512];
+	size_t len;
+} mapped;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+	const char *a = si->si_addr;
+
+	(void)uc;
+	if (a >= mapped.base && a < mapped.base + mapped.size) {
+		(void)!write(STDERR_FILENO, mapped.msg, mapped.len);
+		_exit(EXIT_BAD_INPUT);
+	}
+	signal(sig, SIG_DFL); /* not ours: die of it as we would have */
+}
+
+static void watch_mapping(const char *path, const void *base, size_t size)
+{
+	struct sigaction sa = { .sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO };
+	int n;
+
+	mapped.base = base;
+	mapped.size = size;
+	n = snprintf(mapped.msg, sizeof(mapped.msg),
+		     "strata: %s: a page of the model could not be read (the file shrank, an "
+		     "I/O error, or its filesystem went away)\n", path);
+	mapped.len = n > 0 && (size_t)n < sizeof(mapped.msg) ? (size_t)n : sizeof(mapped.msg) - 1;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGBUS, &sa, NULL);
+}
+
+/*
+ * The process's own anonymous memory in use (RssAnon): once the model is
+ * loaded, its tokenizer tables, tensor index and the C library's heap.  With
+ * the context's allocations (KV cache, activation buffers: eng_ctx_bytes,
+ * counted as allocated since calloc leaves large ones untouched until used)
+ * it is what the engine declares to the pager, which holds it against the
+ * budget.  0 where /proc cannot tell.
+ */
+static uint64_t anon_rss_bytes(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	unsigned long long kb = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "RssAnon: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb * 1024;
+}
+
+#define CTX_MIN 256 /* the smallest context sized to memory */
+
+/*
+ * The context sized to memory (no -c): the largest that fits, from the
+ * model's trained context down by halves, and at each size the best cache
+ * type that fits (f16, then q8_0, then q4_0, for K and V alike; a type given
+ * with -ctk/-ctv stays).  What it may take is the memory this process may
+ * still use (hwbench_mem_headroom: the memory cgroup's room, or
+ * MemAvailable) less the model's weights, which want to stay in memory too;
+ * when they do not fit anyway (they will stream from the file), a quarter
+ * of the room.  Through the pager, the daemon holds the weights and says
+ * what its plan leaves this engine (pager_client_room): the --mode's room
+ * for engines, which costs no resident layer, or where that is less than
+ * the default context (min(trained, 4096)) needs, the default context, as
+ * far as the most the daemon lets it declare.  The choice is told in one
+ * line.  An explicit -c is checked against the whole room (the weights can
+ * be paged out, the context cannot), through the pager against that most,
+ * and refused with the numbers.  Returns 0 or an exit status.
+ */
+static int size_context(struct session *s, const struct opts *o, struct eng_ctx_config *cc)
+{
+	struct hwbench_headroom room;
+	char err[256];
+	uint64_t w = s->hp->weight_bytes, budget;
+	uint32_t top = s->hp->n_ctx_train ? s->hp->n_ctx_train : 4096;
+	const char *why;
+
+	if (s->pc) {
+		uint64_t mode_room, limit;
+		struct eng_ctx_size def;
+		struct eng_ctx_config d = *cc;
+
+		pager_client_room(s->pc, &mode_room, &limit);
+		if (limit == UINT64_MAX && !cc->n_ctx)
+			return 0; /* no budget: the default context */
+		d.n_ctx = s->hp->n_ctx_train && s->hp->n_ctx_train < 4096 ? s->hp->n_ctx_train : 4096;
+		budget = mode_room;
+		why = "the pager's room for engines in its mode";
+		if (!eng_ctx_size(s->model, &d, &def, err, sizeof(err)) && budget < def.total_bytes) {
+			budget = def.total_bytes < limit ? def.total_bytes : limit;
+			top = d.n_ctx; /* no more than the default */
+			why = "the default context, within what the pager lets this engine declare";
+		}
+		room = (struct hwbench_headroom){ .bytes = limit };
+	} else {
+		if (hwbench_mem_headroom("", &room))
+			return 0; /* the default context */
+		bool weights_fit = room.bytes > w + ((uint64_t)64 << 20);
+
+		budget = weights_fit ? room.bytes - w : room.bytes / 4;
+		why = weights_fit ? "the memory left after the weights"
+				  : "a quarter of the memory left (the weights do not fit)";
+	}
+	if (cc->n_ctx) {
+		struct eng_ctx_size sz;
+
+		if (eng_ctx_size(s->model, cc, &sz, err, sizeof(err))) {
+			msg("%s: %s", o->model, err);
+			return EXIT_BAD_INPUT;
+		}
+		if (sz.total_bytes > room.bytes) {
+			msg("%s: a context of %u tokens needs %.0f MiB (KV cache %s/%s %.0f MiB), "
+			    "%.0f MiB left to this process%s: use a smaller -c, or -ctk/-ctv q8_0 or q4_0",
+			    o->model, cc->n_ctx, MIB(sz.total_bytes), eng_kv_type_name(cc->type_k),
+			    eng_kv_type_name(cc->type_v), MIB(sz.kv_bytes), MIB(room.bytes),
+			    s->pc ? " by the pager's budget" : "");
+			return EXIT_BAD_INPUT;
+		}
+		return 0;
+	}
+	top = top > (1u << 20) ? 1u << 20 : top;
+	for (uint32_t n = top;; n = n / 2 > CTX_MIN ? n / 2 : CTX_MIN) {
+		struct eng_ctx_size sz;
+
+		for (int t = 0; t < ENG_KV_COUNT; t++) {
+			struct eng_ctx_config try = *cc;
+
+			try.n_ctx = n;
+			try.type_k = o->seen_ctk ? o->type_k : (enum eng_kv_type)t;
+			try.type_v = o->seen_ctv ? o->type_v : (enum eng_kv_type)t;
+			if (eng_ctx_size(s->model, &try, &sz, err, sizeof(err)))
+				continue; /* a type the model's heads do not fit */
+			if (sz.total_bytes <= budget) {
+				*cc = try;
+				msg("context %u tokens, KV cache %s/%s %.1f MiB (%.1f MiB in all): the "
+				    "largest that fits %.0f MiB, %s",
+				    n, eng_kv_type_name(try.type_k), eng_kv_type_name(try.type_v),
+				    MIB(sz.kv_bytes), MIB(sz.total_bytes), MIB(budget), why);
+				return 0;
+			}
+		}
+		if (n <= CTX_MIN)
+			break;
+	}
+	if (s->pc)
+		msg("%s: not even a context of %u tokens fits the %.0f MiB the pager's budget lets "
+		    "this engine declare",
+		    o->model, CTX_MIN < top ? CTX_MIN : top, MIB(room.bytes));
+	else
+		msg("%s: not even a context of %u tokens fits: %.0f MiB left to this process, "
+		    "%.0f MiB of weights",
+		    o->model, CTX_MIN < top ? CTX_MIN : top, MIB(room.bytes), MIB(w));
+	return EXIT_BAD_INPUT;
+}
+
+int session_open(struct session *s, const struct opts *o, bool want_ctx)
+{
+	char err[256];
+	int rc;
+
+	memset(s, 0, sizeof(*s));
+	if (o->pager && want_ctx) {
+		/* The engine's own memory (KV cache, buffers) is known only
+		 * once the header is read through the mapping: it is declared
+		 * to the daemon after the context exists. */
+		struct pager_client_config pcfg = {
+			.socket_path = o->pager,
+			.model = o->model,
+			.declared_bytes = 0,
+		};
+
+		rc = pager_client_open(&pcfg, &s->pc, &s->base, &s->size, err, sizeof(err));
+		if (rc) {
+			msg("%s: %s", o->model, err);
+			return EXIT_BAD_INPUT;
+		}
+	} else {
+		rc = eng_map_file(o->model, &s->base, &s->size);
+		if (rc) {
+			msg("%s: cannot map the model: %s", o->model, strerror(-rc));
+			return EXIT_BAD_INPUT;
+		}
+		watch_mapping(o->model, s->base, s->size);
+	}
+	rc = want_ctx ? eng_model_load(s->base, s->size, &s->model, err, sizeof(err))
+		      : eng_model_load_vocab(s->base, s->size, &s->model, err, sizeof(err));
+	if (rc) {
+		msg("%s: %s", o->model, err);
+		return EXIT_BAD_INPUT;
+	}
+	s->hp = eng_model_hparams(s->model);
+	s->tok = eng_model_tokenizer(s->model);
+	if (!want_ctx)
+		return 0;
+	s->own_bytes = anon_rss_bytes();
+	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch,
+				     .type_k = o->type_k, .type_v = o->type_v };
+	if ((rc = size_context(s, o, &cc)))
+		return rc;
+	s->type_k = cc.type_k;
+	s->type_v = cc.type_v;
+	rc = eng_ctx_create(s->model, &cc, &s->ctx, err, sizeof(err));
+	if (rc) {
+		msg("%s: %s", o->model, err);
+		return EXIT_BAD_INPUT;
+	}
+	if (s->pc && pager_client_declare(s->pc, s->own_bytes + eng_ctx_bytes(s->ctx),
+					  eng_ctx_kv_bytes(s->ctx))) {
+		msg("%s: cannot talk to the pager", o->model);
+		return EXIT_BAD_INPUT;
+	}
+	/* without it the reports go on, without per-layer times */
+	if (s->pc && s->hp->n_layer <= PAGER_PASS_MAX_LAYERS)
+		s->pass_layer_ns = calloc(s->hp->n_layer, sizeof(*s->pass_layer_ns));
+	return 0;
+}
+
+/* The decode passes not yet reported, to the pager (session_decode). */
+static void session_report(struct session *s)
+{
+	uint32_t L = s->pass_layer_ns ? s->hp->n_layer : 0;
+
+	/* a full socket is a daemon that is not reading: the watchdog notices
+	 * it going away; a lost report only delays learning */
+	pager_client_report(s->pc, s->pass_tokens, (uint64_t)(s->pass_s * 1e9), s->pass_outside_ns,
+			    s->pass_layer_ns, L);
+	s->pass_tokens = 0;
+	s->pass_s = 0;
+	s->pass_outside_ns = 0;
+	if (L)
+		memset(s->pass_layer_ns, 0, L * sizeof(*s->pass_layer_ns));
+}
+
+void session_close(struct session *s)
+{
+	if (s->pc && s->pass_tokens) /* a run shorter than a report's 0.1 s too */
+		session_report(s);
+	free(s->pass_layer_ns);
+	eng_ctx_destroy(s->ctx);
+	eng_model_destroy(s->model);
+	if (s->pc)
+		pager_client_close(s->pc);
+	else
+		eng_unmap_file(s->base, s->size);
+}
+
+double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Wall-clock time, to line a trace up with other programs' logs. */
+double unix_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/*
+ * eng_decode, timing decode passes for the pager: their wall time (waits on
+ * faults included) goes to the daemon about ten times a second, and its
+ * speed predictor learns the engine's compute time from it.
+ */
+int session_decode(struct session *s, const int32_t *ids, size_t n, float *logits,
+			  bool all)
+{
+	double t0 = s->pc && n == 1 ? now_s() : 0;
+	int rc = eng_decode(s->ctx, ids, n, logits, all);
+
+	if (rc || !t0)
+		return rc;
+	double t1 = now_s();
+	const uint64_t *layer = eng_ctx_layer_ns(s->ctx);
+	uint32_t L = s->pass_layer_ns ? s->hp->n_layer : 0;
+
+	if (!s->pass_tokens)
+		s->pass_since = t0;
+	s->pass_tokens++;
+	s->pass_s += t1 - t0;
+	for (uint32_t l = 0; l < L; l++)
+		s->pass_layer_ns[l] += layer[l];
+	s->pass_outside_ns += eng_ctx_outside_ns(s->ctx);
+	if (t1 - s->pass_since >= 0.1)
+		session_report(s);
+	return 0;
+}
+
+uint64_t peak_rss_bytes(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+/* Read all of a stream into a NUL-terminated buffer. */
+char *read_all(FILE *f, size_t *len)
+{
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap);
+
+	while (buf) {
+		size_t got = fread(buf + n, 1, cap - n - 1, f);
+
+		n += got;
+		if (got == 0)
+			break;
+		if (cap - n - 1 == 0) {
+			char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+
+			if (!nb) {
+				free(buf);
+				return NULL;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+	}
+	if (!buf || ferror(f)) {
+		free(buf);
+		return NULL;
+	}
+	buf[n] = '\0';
+	*len = n;
+	return buf;
+}
+
+void print_piece(const struct eng_tokenizer *tok, int32_t id)
+{
+	char buf[256];
+	int n = eng_token_to_piece(tok, id, buf, sizeof(buf));
+
+	if (n > 0)
+		fwrite(buf, 1, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf), stdout);
+}
