@@ -21,6 +21,13 @@
  * matrices S, in the context (zeroed by eng_ctx_reset).  Runs on the
  * caller's thread: the state update is d^2 per head and token, small next to
  * the matmuls.
+ *
+ * Undoing tokens (eng_ctx_truncate): a checkpoint copies the state aside,
+ * and each token fed after it leaves the recurrence's inputs (the
+ * convolution's input row, beta and g: what step() takes) in c->undo_in.
+ * Rewinding restores the copy and steps through the kept tokens' inputs
+ * again: the same arithmetic on the same numbers, so the same state as if
+ * the undone tokens had never come.
  */
 #include "model_i.h"
 
@@ -117,6 +124,65 @@ static void step(struct eng_ctx *c, const struct layer_w *w, float *conv_state, 
 	}
 }
 
+static size_t conv_dim_of(const struct eng_hparams *hp)
+{
+	return 2 * (size_t)hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
+}
+
+/* Where the recurrence's inputs of the token `since` positions after the
+ * checkpoint go, in recurrent layer slot. */
+static float *undo_inputs(struct eng_ctx *c, uint32_t slot, uint32_t since)
+{
+	size_t row = conv_dim_of(&c->m->hp) + 2 * c->m->hp.ssm_n_v_heads;
+
+	return c->undo_in + ((size_t)slot * c->undo_max + since) * row;
+}
+
+static size_t conv_state_floats(const struct eng_ctx *c)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+
+	return (size_t)c->m->n_rs_layers * (hp->ssm_d_conv - 1) * conv_dim_of(hp);
+}
+
+static size_t ssm_state_floats(const struct eng_ctx *c)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+
+	return (size_t)c->m->n_rs_layers * hp->ssm_n_v_heads * hp->ssm_d_state * hp->ssm_d_state;
+}
+
+void deltanet_checkpoint(struct eng_ctx *c)
+{
+	memcpy(c->undo_conv, c->conv_state, conv_state_floats(c) * sizeof(float));
+	memcpy(c->undo_ssm, c->ssm_state, ssm_state_floats(c) * sizeof(float));
+}
+
+void deltanet_rewind(struct eng_ctx *c, uint32_t n)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	size_t conv_dim = conv_dim_of(hp);
+	uint32_t Hv = hp->ssm_n_v_heads, d = hp->ssm_d_state, K = hp->ssm_d_conv;
+	float *qkv = c->ssm_buf, *o = c->ssm_buf + conv_dim; /* scratch */
+
+	memcpy(c->conv_state, c->undo_conv, conv_state_floats(c) * sizeof(float));
+	memcpy(c->ssm_state, c->undo_ssm, ssm_state_floats(c) * sizeof(float));
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const struct layer_w *w = &c->m->layers[l];
+
+		if (!w->recurrent)
+			continue;
+		for (uint32_t t = 0; t < n; t++) {
+			const float *in = undo_inputs(c, w->slot, t);
+
+			memcpy(qkv, in, conv_dim * sizeof(float));
+			step(c, w, c->conv_state + (size_t)w->slot * (K - 1) * conv_dim,
+			     c->ssm_state + (size_t)w->slot * Hv * d * d, qkv, in + conv_dim,
+			     in + conv_dim + Hv, o);
+		}
+	}
+}
+
 void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
@@ -157,6 +223,15 @@ void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	for (uint32_t b = 0; b < nb; b++) {
 		float *ob = o + (size_t)b * V;
 		const float *zb = z + (size_t)b * V;
+		uint32_t since = c->n_past + b - c->undo_from;
+
+		if (c->undo_ok && since < c->undo_max) {
+			float *in = undo_inputs(c, w->slot, since);
+
+			memcpy(in, qkv + b * conv_dim, conv_dim * sizeof(float));
+			memcpy(in + conv_dim, beta + b * Hv, Hv * sizeof(float));
+			memcpy(in + conv_dim + Hv, g + b * Hv, Hv * sizeof(float));
+		}
 
 		step(c, w, conv_state, S, qkv + b * conv_dim, beta + b * Hv, g + b * Hv, ob);
 		for (uint32_t h = 0; h < Hv; h++) {

@@ -168,6 +168,23 @@ void eng_ctx_reset(struct eng_ctx *c);
 int eng_ctx_shift(struct eng_ctx *c, uint32_t n_keep, uint32_t n_discard);
 
 /*
+ * Undoing tokens: speculative decoding feeds drafted tokens and keeps the
+ * ones the model agrees with.  eng_ctx_truncate(c, n) forgets the tokens at
+ * positions n.. (n <= eng_ctx_n_past): the next token fed goes to position
+ * n, and the run goes on exactly as if the forgotten tokens had never been
+ * fed.  How far back it may go: anywhere, for a model whose every layer
+ * keeps its whole KV cache; otherwise back to the position of the last
+ * eng_ctx_checkpoint, as long as no more than eng_ctx_undo_max tokens were
+ * fed after it (a sliding-window ring overwrites older rows, and a hybrid's
+ * recurrent state is brought back by restoring the checkpoint's copy and
+ * replaying the recurrence of the tokens kept).  A reset or a context shift
+ * drops the checkpoint.  Returns 0, or -EINVAL when n is out of that range.
+ */
+void eng_ctx_checkpoint(struct eng_ctx *c);
+uint32_t eng_ctx_undo_max(const struct eng_ctx *c);
+int eng_ctx_truncate(struct eng_ctx *c, uint32_t n_past);
+
+/*
  * Feed n tokens at the next positions.  logits, if not NULL, receives n_vocab
  * floats for every token fed (all_logits) or for the last one only.  Returns
  * 0, -EINVAL for a token id out of range, or -ENOSPC when the context is full.

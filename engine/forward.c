@@ -88,6 +88,13 @@ static int ctx_plan(struct eng_ctx *c, const struct eng_model *m,
 	if (c->n_batch > c->n_ctx)
 		c->n_batch = c->n_ctx;
 	c->n_threads = cfg->n_threads ? cfg->n_threads : eng_cpu_count();
+	c->undo_anywhere = m->n_rs_layers == 0;
+	for (uint32_t l = 0; l < hp->n_layer; l++)
+		if (kv_slots(m, l, c->n_ctx, c->n_batch) < c->n_ctx)
+			c->undo_anywhere = false;
+	/* a ring keeps n_batch - 1 rows beyond its window: so many, and the
+	 * token about to be fed, can be undone */
+	c->undo_max = c->undo_anywhere ? c->n_ctx : c->n_batch < UNDO_MAX ? c->n_batch : UNDO_MAX;
 	c->q_dim = hp->n_head * hp->head_dim;
 	c->kv_dim = hp->n_head_kv * hp->head_dim;
 	if ((rc = kv_check(m, cfg->type_k, cfg->type_v, err, errlen)))
@@ -149,6 +156,14 @@ static void ctx_alloc(struct eng_ctx *c)
 				       sizeof(float));
 		c->ssm_buf = xcalloc(c, (size_t)c->n_batch * (conv_dim + 2 * hp->ssm_d_inner +
 							     2 * hp->ssm_n_v_heads),
+				     sizeof(float));
+		c->undo_conv = xcalloc(c, (size_t)m->n_rs_layers * (hp->ssm_d_conv - 1) * conv_dim,
+				       sizeof(float));
+		c->undo_ssm = xcalloc(c, (size_t)m->n_rs_layers * hp->ssm_n_v_heads *
+						 hp->ssm_d_state * hp->ssm_d_state,
+				      sizeof(float));
+		c->undo_in = xcalloc(c, (size_t)m->n_rs_layers * c->undo_max *
+						(conv_dim + 2 * hp->ssm_n_v_heads),
 				     sizeof(float));
 	}
 	c->kb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
@@ -280,6 +295,9 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->conv_state);
 	free(c->ssm_state);
 	free(c->ssm_buf);
+	free(c->undo_conv);
+	free(c->undo_ssm);
+	free(c->undo_in);
 	free(c->theta[0]);
 	free(c->theta[1]);
 	free(c->qact);
@@ -322,6 +340,7 @@ void eng_ctx_reset(struct eng_ctx *c)
 	const struct eng_hparams *hp = &c->m->hp;
 
 	c->n_past = 0;
+	c->undo_ok = false;
 	kv_clear(c);
 	/* a new sequence: the recurrent layers start from zero */
 	if (c->m->n_rs_layers) {
@@ -332,6 +351,42 @@ void eng_ctx_reset(struct eng_ctx *c)
 		memset(c->ssm_state, 0, (size_t)c->m->n_rs_layers * hp->ssm_n_v_heads *
 						hp->ssm_d_state * hp->ssm_d_state * sizeof(float));
 	}
+}
+
+/* ---- undoing tokens ---------------------------------------------------- */
+
+void eng_ctx_checkpoint(struct eng_ctx *c)
+{
+	c->undo_from = c->n_past;
+	c->undo_high = c->n_past;
+	c->undo_ok = true;
+	if (c->m->n_rs_layers)
+		deltanet_checkpoint(c);
+}
+
+uint32_t eng_ctx_undo_max(const struct eng_ctx *c)
+{
+	return c->undo_max;
+}
+
+int eng_ctx_truncate(struct eng_ctx *c, uint32_t n_past)
+{
+	if (n_past > c->n_past)
+		return -EINVAL;
+	if (n_past == c->n_past)
+		return 0;
+	if (!c->undo_anywhere) {
+		if (!c->undo_ok || n_past < c->undo_from ||
+		    c->undo_high - c->undo_from > c->undo_max)
+			return -EINVAL;
+		if (c->m->n_rs_layers)
+			deltanet_rewind(c, n_past - c->undo_from);
+	}
+	/* the cache rows past n_past stay until overwritten: no query looks
+	 * beyond its own position, and a ring's tags say whose row a slot
+	 * holds */
+	c->n_past = n_past;
+	return 0;
 }
 
 /* ---- the blocks ------------------------------------------------------- */
@@ -576,7 +631,7 @@ static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, ui
 	if (!logits) {
 		c->outside_ns = 0;
 		c->n_past += nb;
-		return;
+		goto done;
 	}
 	rmsnorm_rows(c->xb, c->x + (size_t)first * E, &m->out_norm, n_out, E, hp->norm_eps);
 	matmul1(c, &m->output, c->logits, c->xb, n_out);
@@ -585,6 +640,9 @@ static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, ui
 	memcpy(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
 	c->n_past += nb;
 	c->outside_ns = cpu_ns() - t;
+done:
+	if (c->n_past > c->undo_high)
+		c->undo_high = c->n_past;
 }
 
 int eng_decode(struct eng_ctx *c, const int32_t *tokens, size_t n, float *logits,

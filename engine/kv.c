@@ -289,5 +289,6 @@ int eng_ctx_shift(struct eng_ctx *c, uint32_t n_keep, uint32_t n_discard)
 	free(v);
 	free(tag);
 	c->n_past -= n_discard;
+	c->undo_ok = false; /* the positions moved */
 	return 0;
 }

@@ -32,6 +32,9 @@
 #include <stdint.h>
 
 #define MAX_CTX_DEFAULT 4096
+/* the most tokens fed after a checkpoint that eng_ctx_truncate can undo, on
+ * models that need a checkpoint (a draft and its verification fit) */
+#define UNDO_MAX 32
 
 /* A weight tensor as the forward pass sees it: ne1 rows of ne0 elements at
  * data.  A fused tensor (phi3's attn_qkv) is bound as several of these, each
@@ -139,6 +142,15 @@ struct eng_ctx {
 	float *conv_state;           /* [n_rs_layers][d_conv - 1][conv_dim] */
 	float *ssm_state;            /* [n_rs_layers][n_v_heads][d_state][d_state] */
 	float *ssm_buf;              /* [n_batch][conv_dim + 2 value_dim + 2 n_v_heads] */
+	/* undoing tokens (eng_ctx_truncate): the last checkpoint's position,
+	 * how far past it the run went, and how far past it an undo can reach;
+	 * for hybrids the checkpoint's recurrent state and the recurrence's
+	 * inputs of the tokens fed since ([n_rs_layers][undo_max][conv_dim +
+	 * 2 n_v_heads]) */
+	uint32_t undo_from, undo_high, undo_max;
+	bool undo_anywhere;          /* no rings, no recurrent layers: no limit */
+	bool undo_ok;                /* a checkpoint is in force */
+	float *undo_conv, *undo_ssm, *undo_in;
 	uint8_t *qact;               /* quantized activations, [n_batch] rows
 				      * (each with its pack8 copy beside it) */
 	size_t qact_stride;
@@ -166,5 +178,10 @@ void rope_heads(const struct eng_ctx *c, float *v, uint32_t n_heads, float pos,
  * tokens in c->xb (normed); the result into c->xb ([nb][n_embd]).  Tokens go
  * through the recurrence one after the other, as the reference feeds them. */
 void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb);
+/* The recurrent state into the checkpoint's copy; and back from it, with the
+ * recurrence replayed for the n tokens fed after it that are kept. */
+void deltanet_checkpoint(struct eng_ctx *c);
+void deltanet_rewind(struct eng_ctx *c, uint32_t n);
+
 
 #endif
