@@ -50,6 +50,11 @@ struct opts {
 	long warmup;     /* bench: tokens decoded before measuring */
 	const char *trace; /* bench: a line per decoded token into this file */
 	struct eng_sampler_config samp;
+	/* run, bench: speculative decoding (spec.c) */
+	const char *draft_model;
+	bool lookup;
+	long draft_max, draft_min, lookup_min;
+	const char *pass_sizes; /* bench: time passes over these many positions */
 	bool seen_n, seen_p;
 };
 
@@ -72,6 +77,12 @@ enum {
 	OPT_CACHE_V,
 	OPT_CONTEXT_SHIFT,
 	OPT_KEEP,
+	OPT_DRAFT_MODEL,
+	OPT_DRAFT_MAX,
+	OPT_DRAFT_MIN,
+	OPT_LOOKUP,
+	OPT_LOOKUP_MIN,
+	OPT_PASS_SIZES,
 };
 
 /* Parse argv for sub-command cmd into o.  Returns 0, or EXIT_USAGE after
@@ -89,6 +100,12 @@ struct session {
 	const struct eng_hparams *hp;
 	const struct eng_tokenizer *tok;
 	uint64_t own_bytes; /* the process's heap once the model is loaded */
+	/* the draft model (--draft-model), mapped plainly, and its context */
+	const void *draft_base;
+	size_t draft_size;
+	struct eng_model *draft;
+	struct eng_ctx *draft_ctx;
+	struct eng_spec *spec; /* with a draft model or --lookup */
 	enum eng_kv_type type_k, type_v; /* the cache's, as given or sized */
 	/* decode passes not yet reported to the pager (session_decode) */
 	uint32_t pass_tokens;

@@ -30,12 +30,18 @@ const char usage_text[] =
 	"\n"
 	"  run      -m MODEL [-p PROMPT | -f FILE] [-n N] [-t THREADS] [-c CTX] [-b BATCH]\n"
 	"           [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
-	"           [--context-shift [--keep N]]\n"
+	"           [--context-shift [--keep N]] [SPECULATION]\n"
 	"  eval     -m MODEL --tokens ID,ID,... --logits-out FILE [-t THREADS] [-c CTX]\n"
 	"           [-b BATCH]\n"
 	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
 	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [-b BATCH] [--json]\n"
-	"           [--warmup N] [--no-hw] [--trace FILE]\n"
+	"           [--warmup N] [--no-hw] [--trace FILE] [SPECULATION]\n"
+	"           [--pass-sizes N,N,...]\n"
+	"\n"
+	"SPECULATION (several tokens per pass of the model): --draft-model FILE (-md),\n"
+	"a small model with the same vocabulary, and/or --lookup (draft what followed\n"
+	"the text's last n-gram before, --lookup-min N); --draft-max N (16),\n"
+	"--draft-min N (0: as many as pay, measured as it runs).\n"
 	"\n"
 	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
 	"model through a running stratad instead of mmap.  run, eval and bench take\n"
@@ -108,6 +114,13 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "cache-type-v", required_argument, NULL, OPT_CACHE_V },
 		{ "context-shift", no_argument, NULL, OPT_CONTEXT_SHIFT },
 		{ "keep", required_argument, NULL, OPT_KEEP },
+		{ "draft-model", required_argument, NULL, OPT_DRAFT_MODEL },
+		{ "model-draft", required_argument, NULL, OPT_DRAFT_MODEL },
+		{ "draft-max", required_argument, NULL, OPT_DRAFT_MAX },
+		{ "draft-min", required_argument, NULL, OPT_DRAFT_MIN },
+		{ "lookup", no_argument, NULL, OPT_LOOKUP },
+		{ "lookup-min", required_argument, NULL, OPT_LOOKUP_MIN },
+		{ "pass-sizes", required_argument, NULL, OPT_PASS_SIZES },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -130,6 +143,8 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			argv[i] = (char *)"--cache-type-k";
 		else if (!strcmp(argv[i], "-ctv"))
 			argv[i] = (char *)"--cache-type-v";
+		else if (!strcmp(argv[i], "-md"))
+			argv[i] = (char *)"--draft-model";
 	}
 	optind = 1;
 	opterr = 0;
@@ -232,6 +247,27 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			break;
 		case OPT_CONTEXT_SHIFT:
 			o->context_shift = true;
+			break;
+		case OPT_DRAFT_MODEL:
+			o->draft_model = optarg;
+			break;
+		case OPT_DRAFT_MAX:
+			if (!parse_long(optarg, 1, 31, &o->draft_max))
+				goto bad;
+			break;
+		case OPT_DRAFT_MIN:
+			if (!parse_long(optarg, 0, 31, &o->draft_min))
+				goto bad;
+			break;
+		case OPT_LOOKUP:
+			o->lookup = true;
+			break;
+		case OPT_LOOKUP_MIN:
+			if (!parse_long(optarg, 1, 8, &o->lookup_min))
+				goto bad;
+			break;
+		case OPT_PASS_SIZES:
+			o->pass_sizes = optarg;
 			break;
 		case OPT_KEEP:
 			if (!parse_long(optarg, -1, 1 << 20, &o->keep))

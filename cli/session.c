@@ -102,6 +102,56 @@ static uint64_t anon_rss_bytes(void)
  * be paged out, the context cannot), through the pager against that most,
  * and refused with the numbers.  Returns 0 or an exit status.
  */
+static int spec_decode(void *arg, const int32_t *ids, size_t n, float *logits, bool all)
+{
+	return session_decode(arg, ids, n, logits, all);
+}
+
+/*
+ * Speculative decoding's drafters: the draft model (--draft-model), mapped
+ * plainly -- it is small and read every token, so it stays in memory -- with
+ * a context as long as the model's, and/or lookup.  Returns 0 or an exit
+ * status after saying why.
+ */
+static int open_spec(struct session *s, const struct opts *o)
+{
+	char err[256];
+	int rc;
+
+	if (o->draft_model) {
+		struct eng_ctx_config dc = { .n_ctx = eng_ctx_n_ctx(s->ctx),
+					     .n_threads = o->threads,
+					     .n_batch = o->batch };
+
+		rc = eng_map_file(o->draft_model, &s->draft_base, &s->draft_size);
+		if (rc) {
+			s->draft_base = NULL;
+			msg("%s: cannot map the draft model: %s", o->draft_model, strerror(-rc));
+			return EXIT_BAD_INPUT;
+		}
+		if (eng_model_load(s->draft_base, s->draft_size, &s->draft, err, sizeof(err)) ||
+		    eng_ctx_create(s->draft, &dc, &s->draft_ctx, err, sizeof(err))) {
+			msg("%s: %s", o->draft_model, err);
+			return EXIT_BAD_INPUT;
+		}
+	}
+	struct eng_spec_config sc = {
+		.draft = s->draft_ctx,
+		.lookup = o->lookup,
+		.lookup_min = (uint32_t)o->lookup_min,
+		.draft_max = (uint32_t)o->draft_max,
+		.draft_min = (uint32_t)o->draft_min,
+		.sampler = o->samp,
+		.decode = spec_decode,
+		.decode_arg = s,
+	};
+	if (eng_spec_create(s->ctx, &sc, &s->spec, err, sizeof(err))) {
+		msg("%s: %s", o->draft_model ? o->draft_model : o->model, err);
+		return EXIT_BAD_INPUT;
+	}
+	return 0;
+}
+
 static int size_context(struct session *s, const struct opts *o, struct eng_ctx_config *cc)
 {
 	struct hwbench_headroom room;
@@ -239,7 +289,12 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx)
 		msg("%s: %s", o->model, err);
 		return EXIT_BAD_INPUT;
 	}
-	if (s->pc && pager_client_declare(s->pc, s->own_bytes + eng_ctx_bytes(s->ctx),
+	if ((o->draft_model || o->lookup) && (rc = open_spec(s, o)))
+		return rc;
+	/* the draft model's weights and context are this engine's memory too */
+	if (s->pc && pager_client_declare(s->pc,
+					  s->own_bytes + eng_ctx_bytes(s->ctx) + s->draft_size +
+						  (s->draft_ctx ? eng_ctx_bytes(s->draft_ctx) : 0),
 					  eng_ctx_kv_bytes(s->ctx))) {
 		msg("%s: cannot talk to the pager", o->model);
 		return EXIT_BAD_INPUT;
@@ -271,6 +326,11 @@ void session_close(struct session *s)
 	if (s->pc && s->pass_tokens) /* a run shorter than a report's 0.1 s too */
 		session_report(s);
 	free(s->pass_layer_ns);
+	eng_spec_destroy(s->spec);
+	eng_ctx_destroy(s->draft_ctx);
+	eng_model_destroy(s->draft);
+	if (s->draft_base)
+		eng_unmap_file(s->draft_base, s->draft_size);
 	eng_ctx_destroy(s->ctx);
 	eng_model_destroy(s->model);
 	if (s->pc)

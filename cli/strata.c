@@ -43,7 +43,8 @@ static bool shift_context(struct session *s, const struct opts *o, size_t n_prom
 		    n_ctx, o->keep);
 		return false;
 	}
-	rc = eng_ctx_shift(s->ctx, n_keep, n_discard);
+	rc = s->spec ? eng_spec_shift(s->spec, n_keep, n_discard)
+		     : eng_ctx_shift(s->ctx, n_keep, n_discard);
 	if (rc == -ENOTSUP) {
 		msg("context of %u tokens is full: generation stopped (%s has recurrent layers, "
 		    "whose state cannot forget tokens)",
@@ -114,25 +115,39 @@ static int cmd_run(int argc, char **argv)
 		goto out;
 	}
 	t0 = now_s();
-	if (session_decode(&s, ids, n_ids, logits, false)) {
+	if (s.spec ? eng_spec_feed(s.spec, ids, n_ids, logits)
+		   : session_decode(&s, ids, n_ids, logits, false)) {
 		msg("%s: prompt evaluation failed", o.model);
 		rc = EXIT_BAD_INPUT;
 		goto out;
 	}
 	t1 = now_s();
-	while (generated < o.n_predict) {
-		int32_t next = eng_sample(sm, logits);
+	/* next[i..n): tokens chosen, to print; all but the last are fed (the
+	 * drafts a pass accepted), the last is fed by the next pass */
+	int32_t next[32];
+	uint32_t n_next = 1, i_next = 0;
 
-		if (eng_tokenizer_is_eog(s.tok, next))
+	next[0] = eng_sample(sm, logits);
+	while (generated < o.n_predict) {
+		int32_t t = next[i_next++];
+
+		if (eng_tokenizer_is_eog(s.tok, t))
 			break;
-		print_piece(s.tok, next);
+		print_piece(s.tok, t);
 		fflush(stdout);
 		generated++;
-		if (generated == o.n_predict)
-			break;
+		if (generated == o.n_predict || i_next < n_next)
+			continue;
 		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx) && !shift_context(&s, &o, n_ids))
 			break;
-		if (session_decode(&s, &next, 1, logits, false)) {
+		i_next = 0;
+		if (s.spec) {
+			rc = eng_spec_step(s.spec, sm, t, next, &n_next);
+		} else {
+			rc = session_decode(&s, &t, 1, logits, false);
+			next[0] = eng_sample(sm, logits);
+		}
+		if (rc) {
 			msg("%s: decoding failed", o.model);
 			rc = EXIT_BAD_INPUT;
 			goto out;
@@ -148,6 +163,15 @@ static int cmd_run(int argc, char **argv)
 		"(%.2f tok/s), peak RSS %.1f MiB\n",
 		n_ids, t1 - t0, n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), generated, t2 - t1,
 		generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9), peak_rss_bytes() / 1048576.0);
+	if (s.spec) {
+		const struct eng_spec_stats *st = eng_spec_stats(s.spec);
+
+		msg("speculation: %" PRIu64 " passes, %" PRIu64 " drafted, %" PRIu64
+		    " accepted (%.0f%%), %.2f tokens per pass",
+		    st->passes, st->drafted, st->accepted,
+		    st->drafted ? 100.0 * st->accepted / st->drafted : 0.0,
+		    st->passes ? (double)st->tokens / st->passes : 0.0);
+	}
 out:
 	free(logits);
 	free(ids);

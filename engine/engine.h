@@ -205,7 +205,66 @@ int eng_sampler_create(const struct eng_sampler_config *cfg, uint32_t n_vocab,
 		       struct eng_sampler **out);
 void eng_sampler_destroy(struct eng_sampler *s);
 int32_t eng_sample(struct eng_sampler *s, const float *logits);
+/* The distribution eng_sample draws from: n (id, p) pairs into out
+ * ([n_vocab] room), p summing to 1, most likely first; greedy, the argmax
+ * alone with p 1.  Returns n. */
+struct eng_token_p {
+	int32_t id;
+	float p;
+};
+size_t eng_sampler_dist(struct eng_sampler *s, const float *logits, struct eng_token_p *out);
+/* A uniform number in [0, 1) from the sampler's generator. */
+double eng_sampler_uniform(struct eng_sampler *s);
 int32_t eng_argmax(const float *logits, uint32_t n);
+
+/*
+ * Speculative decoding (spec.c): a drafter guesses the next tokens, the
+ * model checks them all in one pass and keeps those it agrees with.
+ * Greedy output is the plain greedy output, token for token; sampled
+ * output is distributed as plain sampling's.
+ */
+struct eng_spec_config {
+	struct eng_ctx *draft;  /* a draft model's context (the same vocabulary,
+				 * a context at least as long), or NULL */
+	bool lookup;            /* draft the tokens that followed the latest earlier
+				 * occurrence of the text's last n-gram */
+	uint32_t lookup_min;    /* the shortest n-gram lookup matches; 0: 2 */
+	uint32_t draft_max;     /* the most tokens drafted per pass; 0: 16 (and no
+				 * more than eng_ctx_undo_max - 1) */
+	uint32_t draft_min;     /* the fewest; between the two, as many as pay, by
+				 * measured acceptance and pass costs (0: plain
+				 * passes when none do); draft_min = draft_max: always */
+	struct eng_sampler_config sampler; /* the run's: the draft model samples alike */
+	/* how the model is fed (e.g. to time passes); NULL: eng_decode on the
+	 * model's context */
+	int (*decode)(void *arg, const int32_t *ids, size_t n, float *logits, bool all);
+	void *decode_arg;
+};
+struct eng_spec_stats {
+	uint64_t passes;   /* passes of the model */
+	uint64_t drafted;  /* tokens drafted and judged */
+	uint64_t accepted; /* of those, kept */
+	uint64_t tokens;   /* tokens produced (accepted, plus one per pass) */
+};
+struct eng_spec;
+/* Checks that the draft shares the model's vocabulary (else -EINVAL and a
+ * line naming the mismatch). */
+int eng_spec_create(struct eng_ctx *target, const struct eng_spec_config *cfg,
+		    struct eng_spec **out, char *err, size_t errlen);
+void eng_spec_destroy(struct eng_spec *sp);
+/* Feed tokens (the prompt) to the model and the draft; logits of the last. */
+int eng_spec_feed(struct eng_spec *sp, const int32_t *ids, size_t n, float *logits);
+/* One pass: last (chosen, not yet fed) and the drafts fed; into out
+ * (draft_max + 1 room) the tokens that follow last, *n_out >= 1 of them;
+ * the last of them is not fed yet.  0, -ENOSPC (context full) or -errno. */
+int eng_spec_step(struct eng_spec *sp, struct eng_sampler *s, int32_t last, int32_t *out,
+		  uint32_t *n_out);
+/* eng_ctx_reset for the model and the draft alike; the text so far is
+ * forgotten, what passes cost and how drafts fare is not. */
+void eng_spec_reset(struct eng_spec *sp);
+/* eng_ctx_shift for the model and the draft alike. */
+int eng_spec_shift(struct eng_spec *sp, uint32_t n_keep, uint32_t n_discard);
+const struct eng_spec_stats *eng_spec_stats(const struct eng_spec *sp);
 
 /* Text <-> token ids, with the vocabulary of a model (eng_model_tokenizer). */
 /* Tokenize len bytes of UTF-8 text (invalid UTF-8 must not crash: it is

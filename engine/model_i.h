@@ -184,4 +184,12 @@ void deltanet_checkpoint(struct eng_ctx *c);
 void deltanet_rewind(struct eng_ctx *c, uint32_t n);
 
 
+/* spec.c: the model's verdict on draft token d, given its logits row (what
+ * follows the token before d) and the drafter's distribution q (n_q
+ * entries; NULL: one-hot at d): d when accepted, else the token to take
+ * instead, distributed so that the result is distributed as eng_sample's
+ * draw from row.  p ([n_vocab]) and resid ([n_vocab]) are scratch. */
+int32_t spec_judge(struct eng_sampler *s, uint32_t n_vocab, const float *row, int32_t d,
+		   const struct eng_token_p *q, size_t n_q, struct eng_token_p *p, float *resid);
+
 #endif

@@ -6,6 +6,10 @@
  * reaches p), min-p (drop tokens below min_p times the best one), and a draw
  * from what is left with a seeded xoshiro256** generator, so a seed
  * reproduces a run.  Scratch space is allocated once per sampler.
+ *
+ * eng_sampler_dist gives the distribution the draw is made from, for
+ * speculative decoding's accept/reject (spec.c), with eng_sampler_uniform
+ * drawing from the same generator.
  */
 #include "engine.h"
 
@@ -105,15 +109,20 @@ static int by_logit_desc(const void *a, const void *b)
 	return x->id - y->id;
 }
 
-int32_t eng_sample(struct eng_sampler *s, const float *logits)
+double eng_sampler_uniform(struct eng_sampler *s)
+{
+	return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* The candidates the draw is made from, into s->cands[0..n), most likely
+ * first, with unnormalized p; returns n (temp > 0). */
+static uint32_t candidates(struct eng_sampler *s, const float *logits)
 {
 	const struct eng_sampler_config *cfg = &s->cfg;
 	struct cand *c = s->cands;
 	uint32_t n = s->n_vocab;
-	double sum = 0, acc = 0, r;
+	double sum = 0, acc = 0;
 
-	if (cfg->temp <= 0 || n == 0)
-		return eng_argmax(logits, n);
 	for (uint32_t i = 0; i < n; i++) {
 		c[i].logit = isnan(logits[i]) ? -INFINITY : logits[i];
 		c[i].id = (int32_t)i;
@@ -144,11 +153,38 @@ int32_t eng_sample(struct eng_sampler *s, const float *logits)
 			}
 		}
 	}
-	sum = 0;
+	return n;
+}
+
+size_t eng_sampler_dist(struct eng_sampler *s, const float *logits, struct eng_token_p *out)
+{
+	uint32_t n;
+	double sum = 0;
+
+	if (s->cfg.temp <= 0 || s->n_vocab == 0) {
+		out[0] = (struct eng_token_p){ eng_argmax(logits, s->n_vocab), 1.0f };
+		return 1;
+	}
+	n = candidates(s, logits);
+	for (uint32_t i = 0; i < n; i++)
+		sum += s->cands[i].p;
+	for (uint32_t i = 0; i < n; i++)
+		out[i] = (struct eng_token_p){ s->cands[i].id, (float)(s->cands[i].p / sum) };
+	return n;
+}
+
+int32_t eng_sample(struct eng_sampler *s, const float *logits)
+{
+	struct cand *c = s->cands;
+	uint32_t n;
+	double sum = 0, acc = 0, r;
+
+	if (s->cfg.temp <= 0 || s->n_vocab == 0)
+		return eng_argmax(logits, s->n_vocab);
+	n = candidates(s, logits);
 	for (uint32_t i = 0; i < n; i++)
 		sum += c[i].p;
-	r = (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0) * sum;
-	acc = 0;
+	r = eng_sampler_uniform(s) * sum;
 	for (uint32_t i = 0; i < n; i++) {
 		acc += c[i].p;
 		if (r < acc)
