@@ -176,6 +176,82 @@ static int bench_pairs(struct session *s, int32_t next, long n, unsigned threads
 	return rc;
 }
 
+/*
+ * What one pass of the model over n positions costs (--pass-sizes): the
+ * price of verifying n - 1 drafts.  Each size is timed PASS_REPS times at
+ * the current position, every row's logits computed as a verification
+ * needs, and undone after (eng_ctx_truncate); the median counts.
+ */
+#define PASS_SIZES_MAX 32
+#define PASS_REPS 3
+
+struct pass_cost {
+	uint32_t n;
+	double s;
+};
+
+/* "1,2,4,8" into sizes; returns how many, or -1 after saying why. */
+static int parse_sizes(const char *list, uint32_t undo_max, uint32_t *sizes)
+{
+	int n = 0;
+	const char *p = list;
+
+	while (*p) {
+		char *end;
+		long v = strtol(p, &end, 10);
+
+		if (end == p || v < 1 || v > (long)undo_max || n == PASS_SIZES_MAX ||
+		    (*end != ',' && *end)) {
+			msg("bench: --pass-sizes: '%s' is not a list of up to %d sizes of 1 to %u", list,
+			    PASS_SIZES_MAX, undo_max);
+			return -1;
+		}
+		sizes[n++] = (uint32_t)v;
+		p = *end ? end + 1 : end;
+	}
+	return n;
+}
+
+static int bench_passes(struct session *s, const uint32_t *sizes, int n_sizes,
+			struct pass_cost *out)
+{
+	uint32_t V = s->hp->n_vocab, most = 0;
+
+	for (int i = 0; i < n_sizes; i++)
+		most = sizes[i] > most ? sizes[i] : most;
+	float *rows = malloc((size_t)most * V * sizeof(float));
+	int32_t *ids = malloc(most * sizeof(int32_t));
+
+	if (!rows || !ids) {
+		free(rows);
+		free(ids);
+		return -ENOMEM;
+	}
+	for (uint32_t j = 0; j < most; j++)
+		ids[j] = (int32_t)((j + 7) * 2654435761u % V);
+	for (int i = 0; i < n_sizes; i++) {
+		double t[PASS_REPS];
+		uint32_t at = eng_ctx_n_past(s->ctx);
+
+		for (int r = 0; r < PASS_REPS; r++) {
+			double t0 = now_s();
+
+			eng_ctx_checkpoint(s->ctx);
+			if (session_decode(s, ids, sizes[i], rows, true) ||
+			    eng_ctx_truncate(s->ctx, at)) {
+				free(rows);
+				free(ids);
+				return -EIO;
+			}
+			t[r] = now_s() - t0;
+		}
+		out[i] = (struct pass_cost){ sizes[i], median(t, PASS_REPS) };
+	}
+	free(rows);
+	free(ids);
+	return 0;
+}
+
 /* A JSON string: quotes, backslashes and control characters escaped. */
 static void json_str(const char *str)
 {
@@ -214,10 +290,17 @@ int cmd_bench(int argc, char **argv)
 	long n_pairs = 0;
 	double t_start = now_s(), cold_s = 0, first_s = 0;
 	FILE *trace = NULL;
+	uint32_t sizes[PASS_SIZES_MAX];
+	struct pass_cost passes[PASS_SIZES_MAX];
+	int n_sizes = 0;
+	struct eng_sampler *greedy = NULL;
+	struct eng_sampler_config gcfg = { .temp = 0 };
+	long produced = 0;
 	int rc = parse_opts(argc, argv, "bench", &o);
 
 	if (rc)
 		return rc;
+	o.samp.temp = 0; /* bench decodes greedily; a draft model drafts alike */
 	if (!o.seen_p)
 		o.n_prompt = 64;
 	if (!o.seen_n)
@@ -225,6 +308,16 @@ int cmd_bench(int argc, char **argv)
 	rc = session_open(&s, &o, true);
 	if (rc)
 		return rc;
+	if (o.pass_sizes &&
+	    (n_sizes = parse_sizes(o.pass_sizes, eng_ctx_undo_max(s.ctx), sizes)) < 0) {
+		rc = EXIT_USAGE;
+		goto out;
+	}
+	if (eng_sampler_create(&gcfg, s.hp->n_vocab, &greedy)) {
+		msg("out of memory");
+		rc = EXIT_BAD_INPUT;
+		goto out;
+	}
 	if ((uint64_t)o.n_prompt + (uint64_t)o.n_predict > eng_ctx_n_ctx(s.ctx)) {
 		msg("bench: %ld + %ld tokens do not fit the context of %u (use -c)", o.n_prompt,
 		    o.n_predict, eng_ctx_n_ctx(s.ctx));
@@ -268,26 +361,58 @@ int cmd_bench(int argc, char **argv)
 			first_s = now_s() - t_start;
 		}
 	}
-	eng_ctx_reset(s.ctx);
+	if (s.spec)
+		eng_spec_reset(s.spec);
+	else
+		eng_ctx_reset(s.ctx);
 	t0 = now_s();
-	if (o.n_prompt && session_decode(&s, ids, (size_t)o.n_prompt, logits, false))
+	if (o.n_prompt && (s.spec ? eng_spec_feed(s.spec, ids, (size_t)o.n_prompt, logits)
+				  : session_decode(&s, ids, (size_t)o.n_prompt, logits, false)))
 		goto fail;
 	t1 = now_s();
+	/* n_predict tokens (with speculation, a pass's worth more at most):
+	 * a trace line per pass, when it ended (unix time) and how long it
+	 * took */
 	int32_t next = o.n_prompt ? eng_argmax(logits, s.hp->n_vocab) : 0;
-	for (long i = 0; i < o.n_predict; i++) {
+	while (produced < o.n_predict) {
 		double ts = now_s();
 
-		if (session_decode(&s, &next, 1, logits, false))
-			goto fail;
-		next = eng_argmax(logits, s.hp->n_vocab);
-		if (trace) /* when it ended (unix time) and how long it took */
+		if (s.spec) {
+			int32_t out_ids[32];
+			uint32_t n_out;
+
+			if (eng_spec_step(s.spec, greedy, next, out_ids, &n_out))
+				goto fail;
+			produced += n_out;
+			next = out_ids[n_out - 1];
+		} else {
+			if (session_decode(&s, &next, 1, logits, false))
+				goto fail;
+			next = eng_argmax(logits, s.hp->n_vocab);
+			produced++;
+		}
+		if (trace)
 			fprintf(trace, "%.6f %.6f\n", unix_s(), now_s() - ts);
 	}
 	t2 = now_s();
 	if (o.n_prompt)
 		pp_tps = o.n_prompt / (t1 - t0);
 	if (o.n_predict)
-		tg_tps = o.n_predict / (t2 - t1);
+		tg_tps = produced / (t2 - t1);
+	if (n_sizes) {
+		uint32_t room = eng_ctx_n_ctx(s.ctx) - eng_ctx_n_past(s.ctx);
+
+		for (int i = 0; i < n_sizes; i++)
+			if (sizes[i] > room) {
+				msg("bench: a pass of %u positions does not fit the %u left in the "
+				    "context (use -c)",
+				    sizes[i], room);
+				rc = EXIT_BAD_INPUT;
+				goto out;
+			}
+		if (bench_passes(&s, sizes, n_sizes, passes))
+			goto fail;
+	}
 	/* Before the memory measurement allocates its buffer. */
 	rss = peak_rss_bytes();
 	if (!o.no_hw)
@@ -330,7 +455,7 @@ int cmd_bench(int argc, char **argv)
 		printf(", \"n_prompt\": %ld, \"n_decode\": %ld, \"threads\": %u, "
 		       "\"prompt_tps\": %.3f, \"decode_tps\": %.3f, \"peak_rss_bytes\": %" PRIu64
 		       ", \"model_bytes\": %" PRIu64 ", \"token_weight_bytes\": %" PRIu64,
-		       o.n_prompt, o.n_predict, o.threads, pp_tps, tg_tps, rss, s.hp->weight_bytes,
+		       o.n_prompt, produced, o.threads, pp_tps, tg_tps, rss, s.hp->weight_bytes,
 		       tok_bytes);
 		printf(", \"warmup\": %ld", o.warmup);
 		printf(", \"n_ctx\": %u, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
@@ -365,6 +490,21 @@ int cmd_bench(int argc, char **argv)
 		json_num("paired_mem_read_gbps", n_pairs > 0, pair_gbps);
 		json_num("paired_fraction", n_pairs > 0, pair_frac);
 		json_num("stream_bound_tps", io_ok, stream);
+		if (s.spec) {
+			const struct eng_spec_stats *st = eng_spec_stats(s.spec);
+
+			printf(", \"spec_passes\": %" PRIu64 ", \"spec_drafted\": %" PRIu64
+			       ", \"spec_accepted\": %" PRIu64 ", \"spec_rejected\": %" PRIu64
+			       ", \"spec_tokens\": %" PRIu64,
+			       st->passes, st->drafted, st->accepted, st->rejected, st->tokens);
+		}
+		if (n_sizes) {
+			printf(", \"passes\": [");
+			for (int i = 0; i < n_sizes; i++)
+				printf("%s{\"positions\": %u, \"seconds\": %.6f}", i ? ", " : "",
+				       passes[i].n, passes[i].s);
+			printf("]");
+		}
 		printf("}\n");
 	} else {
 		printf("model        %s (%s, %.1f MiB of weights)\n", o.model, s.hp->arch_name,
@@ -379,7 +519,21 @@ int cmd_bench(int argc, char **argv)
 		       eng_kv_type_name(s.type_k), eng_kv_type_name(s.type_v),
 		       eng_ctx_kv_bytes(s.ctx) / 1048576.0);
 		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
-		printf("decode       %ld tokens  %.2f tok/s\n", o.n_predict, tg_tps);
+		printf("decode       %ld tokens  %.2f tok/s\n", produced, tg_tps);
+		if (s.spec) {
+			const struct eng_spec_stats *st = eng_spec_stats(s.spec);
+
+			printf("speculation  %" PRIu64 " passes, %" PRIu64 " drafted, %" PRIu64
+			       " accepted (%.0f%%; %.2f per token), %.2f tokens per pass\n",
+			       st->passes, st->drafted, st->accepted,
+			       st->drafted ? 100.0 * st->accepted / st->drafted : 0.0,
+			       st->accepted ? (double)st->accepted / (st->accepted + st->rejected)
+					    : 0.0,
+			       st->passes ? (double)st->tokens / st->passes : 0.0);
+		}
+		for (int i = 0; i < n_sizes; i++)
+			printf("pass         %2u positions  %.4f s  (%.2fx the %u-position pass)\n",
+			       passes[i].n, passes[i].s, passes[i].s / passes[0].s, passes[0].n);
 		printf("peak RSS     %.1f MiB\n", rss / 1048576.0);
 		if (eng_n_repackable(eng_model_gguf(s.model)))
 			printf("hint         its Q4_0 matrices decode faster repacked, with the same "
@@ -429,6 +583,7 @@ fail:
 out:
 	if (trace)
 		fclose(trace);
+	eng_sampler_destroy(greedy);
 	free(ids);
 	free(logits);
 	session_close(&s);

@@ -244,6 +244,9 @@ struct eng_spec_stats {
 	uint64_t passes;   /* passes of the model */
 	uint64_t drafted;  /* tokens drafted and judged */
 	uint64_t accepted; /* of those, kept */
+	uint64_t rejected; /* passes that rejected a draft: accepted / (accepted +
+			    * rejected) is the chance a draft is kept, given the
+			    * ones before it were */
 	uint64_t tokens;   /* tokens produced (accepted, plus one per pass) */
 };
 struct eng_spec;

@@ -565,6 +565,7 @@ int eng_spec_step(struct eng_spec *sp, struct eng_sampler *s, int32_t last, int3
 	sp->stats.passes++;
 	sp->stats.drafted += k;
 	sp->stats.accepted += a;
+	sp->stats.rejected += a < k;
 	sp->stats.tokens += a + 1;
 	return 0;
 }

@@ -288,7 +288,8 @@ static inline unsigned rng_bit(struct rng *r)
 /* ---- block generators ---------------------------------------------------- */
 
 /*
- * The scales below are chosen so every type's weights have std WEIGHT_STD with
+ * The scales below are chosen so every type's weights have std `std` (WEIGHT_STD but
+ * for the output projections under --out-gain) with
  * (close to) zero mean.  A nonzero mean is what would make activations blow
  * up: the same bias on every weight of a row turns a matmul into a sum of the
  * inputs, which grows with the row length instead of its square root.
@@ -300,27 +301,27 @@ struct scales {
 
 static struct scales sc;
 
-static void scales_init(void)
+static void scales_init(double std)
 {
 	/* Q4_0: d * (q - 8), q uniform 0..15: E[(q-8)^2] = 21.5.  q - 8 has mean
 	 * -0.5, so d gets a random sign per block, as in real files (ggml
 	 * stores d = max / -8 with max the signed largest-magnitude value); with
 	 * one sign the bias shows: tiny's residual stream grew 8x. */
-	sc.q4_0_d[0] = fp32_to_fp16((float)(WEIGHT_STD / 4.6368));
-	sc.q4_0_d[1] = fp32_to_fp16((float)(-WEIGHT_STD / 4.6368));
+	sc.q4_0_d[0] = fp32_to_fp16((float)(std / 4.6368));
+	sc.q4_0_d[1] = fp32_to_fp16((float)(-std / 4.6368));
 	/* Q8_0: d * q, q uniform -128..127: E[q^2] = 5461.5 */
-	sc.q8_0_d = fp32_to_fp16((float)(WEIGHT_STD / 73.902));
+	sc.q8_0_d = fp32_to_fp16((float)(std / 73.902));
 	/* Q4_K: d*sc*q - dmin*m with dmin = d, sc = 2k, m = 15k (k 1..4) is
 	 * d*2k*(q - 7.5): zero mean, E[4k^2] * E[(q-7.5)^2] = 30 * 21.25 */
-	sc.q4_k_d = fp32_to_fp16((float)(WEIGHT_STD / 25.249));
+	sc.q4_k_d = fp32_to_fp16((float)(std / 25.249));
 	/* Q6_K: d * s * (q - 32), s uniform -16..15 (E[s^2] = 85.5), q uniform
 	 * 0..63 (E[(q-32)^2] = 341.5).  Full-range int8 scales would need d in
 	 * fp16's subnormal range. */
-	sc.q6_k_d = fp32_to_fp16((float)(WEIGHT_STD / 170.87));
+	sc.q6_k_d = fp32_to_fp16((float)(std / 170.87));
 	/* F16: a sum of 4 uniform bytes has mean 510 and std 147.80: close
 	 * enough to a normal distribution for weights nobody reads. */
 	for (int u = 0; u <= 1020; u++)
-		sc.f16[u] = fp32_to_fp16((float)((u - 510) * (WEIGHT_STD / 147.80)));
+		sc.f16[u] = fp32_to_fp16((float)((u - 510) * (std / 147.80)));
 }
 
 static inline void put64(uint8_t *p, uint64_t v)
@@ -595,6 +596,7 @@ struct tensor {
 	uint64_t ne0, ne1; /* ne1 is 1 for the 1-D norms */
 	uint32_t type;
 	int32_t layer;   /* -1 outside the layers */
+	bool out_proj;   /* attn_output, ffn_down: what a layer adds to the residual */
 	uint64_t offset; /* from the start of the data section */
 	uint64_t size;
 };
@@ -635,6 +637,7 @@ static int add_tensor(struct plan *p, const char *role, int32_t layer, uint64_t 
 	else
 		snprintf(t->name, sizeof(t->name), "%s.weight", role);
 	t->layer = layer;
+	t->out_proj = layer >= 0 && (!strcmp(role, "attn_output") || !strcmp(role, "ffn_down"));
 	t->ne0 = ne0;
 	t->ne1 = is_norm ? 1 : ne1;
 	t->n_dims = is_norm ? 1 : 2;
@@ -894,7 +897,7 @@ static int out_put(struct out *o, const void *src, size_t n)
 	return 0;
 }
 
-static int out_tensor(struct out *o, const struct tensor *t, uint64_t seed)
+static int out_tensor(struct out *o, const struct tensor *t, uint64_t seed, double out_gain)
 {
 	static const uint8_t zero[ALIGNMENT];
 	struct typeinfo ti = typeinfo(t->type);
@@ -907,6 +910,7 @@ static int out_tensor(struct out *o, const struct tensor *t, uint64_t seed)
 	if ((rc = out_put(o, zero, t->offset - (o->written + o->pos))))
 		return rc;
 	rng_seed(&r, seed, t->name);
+	scales_init(t->out_proj ? WEIGHT_STD * out_gain : WEIGHT_STD);
 	while (n) {
 		/* F16 is generated two elements at a time: keep batches even */
 		size_t room = (OUT_BUF_SIZE - o->pos) / ti.bytes & ~(size_t)1;
@@ -945,7 +949,7 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int write_model(const struct plan *p, const char *path, uint64_t seed)
+static int write_model(const struct plan *p, const char *path, uint64_t seed, double out_gain)
 {
 	struct out o = { .fd = -1, .path = NULL };
 	struct sigaction sa = { .sa_handler = on_signal };
@@ -989,7 +993,7 @@ static int write_model(const struct plan *p, const char *path, uint64_t seed)
 		goto err_unlink;
 	}
 	for (size_t i = 0; i < p->n_t; i++)
-		if ((rc = out_tensor(&o, &p->t[i], seed)))
+		if ((rc = out_tensor(&o, &p->t[i], seed, out_gain)))
 			goto err_unlink;
 	if ((rc = out_flush(&o)))
 		goto err_unlink;
@@ -1043,14 +1047,18 @@ err_free:
 
 static const char usage_text[] =
 	"usage: strata-mkmodel --shape NAME --type TYPE -o OUT.gguf [--seed S]\n"
-	"                      [--layers N] [--vocab N] [--ctx N]\n"
+	"                      [--layers N] [--vocab N] [--ctx N] [--out-gain G]\n"
 	"       strata-mkmodel --list [--shape NAME] [--layers N] [--vocab N] [--ctx N]\n"
 	"\n"
 	"Writes a GGUF v3 llama model of a real shape with random weights, for\n"
 	"benchmarks.  Shapes: tiny, small, llama-1b, llama-3b, llama-7b, llama-8b\n"
 	"(--list shows them).  Types: f16, q8_0, q4_0, q4_k_m, q6_k.\n"
 	"--layers, --vocab and --ctx override the shape's values; the seed\n"
-	"(default 1) makes the file reproducible.\n"
+	"(default 1) makes the file reproducible.  --out-gain G scales every\n"
+	"layer's output projections (attn_output, ffn_down) by G: a small G makes\n"
+	"layers that barely change the residual stream, so a one-layer model of\n"
+	"the same seed and gain (--layers 1) guesses its tokens well -- a\n"
+	"target/draft pair for speculative decoding whose acceptance G sets.\n"
 	"\n"
 	"Exit status: 0 ok, 1 usage error, 2 the model could not be written.\n";
 
@@ -1133,6 +1141,7 @@ int main(int argc, char **argv)
 		{ "layers", required_argument, NULL, 'L' },
 		{ "vocab", required_argument, NULL, 'V' },
 		{ "ctx", required_argument, NULL, 'C' },
+		{ "out-gain", required_argument, NULL, 'G' },
 		{ "list", no_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -1142,6 +1151,7 @@ int main(int argc, char **argv)
 	struct shape ov = { 0 }, s;
 	const char *out = NULL;
 	uint64_t seed = 1, v;
+	double out_gain = 1.0;
 	bool list = false;
 	struct plan p;
 	int c, rc;
@@ -1202,6 +1212,14 @@ int main(int argc, char **argv)
 			}
 			ov.n_ctx = (uint32_t)v;
 			break;
+		case 'G': {
+			char *end;
+
+			out_gain = strtod(optarg, &end);
+			if (end == optarg || *end || !(out_gain >= 0 && out_gain <= 100))
+				return usage("--out-gain needs a number from 0 to 100");
+			break;
+		}
 		case 'l':
 			list = true;
 			break;
@@ -1218,7 +1236,7 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		return usage("unexpected argument");
-	scales_init();
+	scales_init(WEIGHT_STD);
 	if (list) {
 		if (out || mix)
 			return usage("--list takes no -o or --type");
@@ -1236,7 +1254,7 @@ int main(int argc, char **argv)
 		s.n_ctx = ov.n_ctx;
 	if (plan_create(&p, &s, mix))
 		return EXIT_FAIL;
-	rc = write_model(&p, out, seed);
+	rc = write_model(&p, out, seed, out_gain);
 	plan_destroy(&p);
 	return rc ? EXIT_FAIL : 0;
 }

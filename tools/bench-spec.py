@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Speculative decoding, measured: what a pass over k + 1 positions costs, and
+what drafting buys end to end, fully resident and streamed through the pager.
+
+  passes    `strata bench --pass-sizes`: one pass of the model over n positions
+            (every row's logits, as a verification needs), n = --sizes, against
+            a one-position pass; resident (plain mmap) and streamed (stratad
+            --budget B, the rest of the layers read from storage every pass)
+  decode    `strata bench` decode tok/s, plain and with the draft model
+            (adaptive, and always drafting --fixed), in interleaved rounds in
+            the same two settings; the acceptance beside every number
+
+Random-weight models accept nothing from a real draft; use a pair whose
+acceptance is known: strata-mkmodel --out-gain G makes layers that barely
+change the residual stream, and the same shape with --layers 1 (same seed and
+gain) drafts for it (docs/benchmarks.md says which G gives what).
+
+usage: tools/bench-spec.py --target T.gguf --draft D.gguf [--budget 2G]
+       [--rounds 3] [--sizes 1,2,4,8,12,16] [-n 48] [--fixed 8]
+Run as root (drops the page cache before each streamed set).
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import STRATA, drop_caches, size, start_daemon  # noqa: E402
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--target", required=True)
+ap.add_argument("--draft", required=True)
+ap.add_argument("--budget", default="2G")
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--sizes", default="1,2,4,8,12,16")
+ap.add_argument("-n", type=int, default=48, help="tokens decoded per run")
+ap.add_argument("--fixed", type=int, default=8, help="drafts per pass in the fixed runs")
+ap.add_argument("-t", "--threads", type=int, default=2)
+a = ap.parse_args()
+
+sock = f"/tmp/strata-bench-spec-{os.getpid()}.sock"
+common = ["--json", "--no-hw", "-t", str(a.threads), "-p", "16", "-c", "512"]
+
+
+def bench(args, pager):
+    cmd = [STRATA, "bench", "-m", a.target, *common, *args] + (["--pager", sock] if pager else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def daemon():
+    drop_caches()
+    return start_daemon(sock, ["--budget", str(size(a.budget)), a.target])
+
+
+def stop(d):
+    d.send_signal(signal.SIGTERM)
+    d.wait(30)
+
+
+variants = {
+    "plain": [],
+    "draft (adaptive)": ["--draft-model", a.draft],
+    f"draft (always {a.fixed})": ["--draft-model", a.draft, "--draft-min", str(a.fixed),
+                                   "--draft-max", str(a.fixed)],
+}
+modes = ["resident", "streamed"]
+pass_s = {m: [] for m in modes}
+dec = {(m, v): [] for m in modes for v in variants}
+for r in range(a.rounds):
+    for m in modes:
+        d = daemon() if m == "streamed" else None
+        try:
+            j = bench(["-n", "2", "--pass-sizes", a.sizes], d is not None)
+            pass_s[m].append({p["positions"]: p["seconds"] for p in j["passes"]})
+            for v, args in variants.items():
+                dec[(m, v)].append(bench(["-n", str(a.n), *args], d is not None))
+        finally:
+            if d:
+                stop(d)
+        print(f"round {r + 1} {m}: " + ", ".join(
+            f"{v} {dec[(m, v)][-1]['decode_tps']:.3f}" for v in variants), file=sys.stderr)
+
+sizes = [int(x) for x in a.sizes.split(",")]
+print(f"\nOne pass over n positions (median of {a.rounds} rounds; x: against one position):\n")
+print("| n | " + " | ".join(f"{m} s | x" for m in modes) + " |")
+print("|---|" + "---|---|" * len(modes))
+for n in sizes:
+    cells = []
+    for m in modes:
+        med = statistics.median(p[n] for p in pass_s[m])
+        one = statistics.median(p[sizes[0]] for p in pass_s[m])
+        cells += [f"{med:.3f}", f"{med / one:.2f}"]
+    print(f"| {n} | " + " | ".join(cells) + " |")
+
+print(f"\nDecode, {a.n} tokens (median of {a.rounds} interleaved rounds; acceptance: drafts "
+      f"kept / drafted, and per token = kept / (kept + passes that rejected one)):\n")
+print("| setting | decoding | tok/s | x plain | tokens per pass | kept / drafted | per token |")
+print("|---|---|---|---|---|---|---|")
+for m in modes:
+    base = statistics.median(j["decode_tps"] for j in dec[(m, "plain")])
+    for v in variants:
+        js = dec[(m, v)]
+        tps = statistics.median(j["decode_tps"] for j in js)
+        if v == "plain":
+            print(f"| {m} | {v} | {tps:.3f} | 1.00 | 1.00 | - | - |")
+            continue
+        acc = sum(j["spec_accepted"] for j in js)
+        dr = sum(j["spec_drafted"] for j in js)
+        rej = sum(j["spec_rejected"] for j in js)
+        tpp = sum(j["spec_tokens"] for j in js) / max(1, sum(j["spec_passes"] for j in js))
+        print(f"| {m} | {v} | {tps:.3f} | {tps / base:.2f} | {tpp:.2f} | "
+              f"{acc / max(1, dr):.2f} | {acc / max(1, acc + rej):.2f} |")
