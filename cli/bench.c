@@ -377,20 +377,13 @@ int cmd_bench(int argc, char **argv)
 	while (produced < o.n_predict) {
 		double ts = now_s();
 
-		if (s.spec) {
-			int32_t out_ids[32];
-			uint32_t n_out;
+		int32_t out_ids[32];
+		uint32_t n_out;
 
-			if (eng_spec_step(s.spec, greedy, next, out_ids, &n_out))
-				goto fail;
-			produced += n_out;
-			next = out_ids[n_out - 1];
-		} else {
-			if (session_decode(&s, &next, 1, logits, false))
-				goto fail;
-			next = eng_argmax(logits, s.hp->n_vocab);
-			produced++;
-		}
+		if (session_step(&s, greedy, next, logits, out_ids, &n_out))
+			goto fail;
+		produced += n_out;
+		next = out_ids[n_out - 1];
 		if (trace)
 			fprintf(trace, "%.6f %.6f\n", unix_s(), now_s() - ts);
 	}

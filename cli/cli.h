@@ -108,7 +108,9 @@ struct session {
 	struct eng_spec *spec; /* with a draft model or --lookup */
 	enum eng_kv_type type_k, type_v; /* the cache's, as given or sized */
 	/* decode passes not yet reported to the pager (session_decode) */
-	uint32_t pass_tokens;
+	bool pass_open;
+	uint32_t pass_all, pass_produced; /* every pass, and the tokens they gave */
+	uint32_t pass_tokens;             /* one-token passes, timed */
 	double pass_s, pass_since;
 	uint64_t *pass_layer_ns; /* [n_layer] */
 	uint64_t pass_outside_ns;
@@ -121,6 +123,13 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx);
 void session_close(struct session *s);
 /* eng_decode, timing single-token passes for the pager's predictor. */
 int session_decode(struct session *s, const int32_t *ids, size_t n, float *logits, bool all);
+/* Count decode passes and the tokens they produced, for the pager's status. */
+void session_produced(struct session *s, uint32_t passes, uint32_t tokens);
+/* One decode pass after token last (chosen, not fed): plain -- last fed,
+ * the next token sampled from its logits into out[0] -- or speculative
+ * (eng_spec_step: several tokens into out, room for 32); counted. */
+int session_step(struct session *s, struct eng_sampler *sm, int32_t last, float *logits,
+		 int32_t *out, uint32_t *n_out);
 
 double now_s(void);  /* CLOCK_MONOTONIC, seconds */
 double unix_s(void); /* wall-clock time, to line a trace up with other logs */

@@ -312,8 +312,20 @@ static void session_report(struct session *s)
 
 	/* a full socket is a daemon that is not reading: the watchdog notices
 	 * it going away; a lost report only delays learning */
-	pager_client_report(s->pc, s->pass_tokens, (uint64_t)(s->pass_s * 1e9), s->pass_outside_ns,
-			    s->pass_layer_ns, L);
+	struct pager_pass_report r = {
+		.tokens = s->pass_tokens,
+		.wall_ns = (uint64_t)(s->pass_s * 1e9),
+		.outside_ns = s->pass_outside_ns,
+		.layer_ns = s->pass_layer_ns,
+		.n_layers = L,
+		.passes = s->pass_all,
+		.produced = s->pass_produced,
+	};
+
+	pager_client_report(s->pc, &r);
+	s->pass_open = false;
+	s->pass_all = 0;
+	s->pass_produced = 0;
 	s->pass_tokens = 0;
 	s->pass_s = 0;
 	s->pass_outside_ns = 0;
@@ -323,7 +335,7 @@ static void session_report(struct session *s)
 
 void session_close(struct session *s)
 {
-	if (s->pc && s->pass_tokens) /* a run shorter than a report's 0.1 s too */
+	if (s->pc && s->pass_open) /* a run shorter than a report's 0.1 s too */
 		session_report(s);
 	free(s->pass_layer_ns);
 	eng_spec_destroy(s->spec);
@@ -357,32 +369,62 @@ double unix_s(void)
 }
 
 /*
- * eng_decode, timing decode passes for the pager: their wall time (waits on
- * faults included) goes to the daemon about ten times a second, and its
- * speed predictor learns the engine's compute time from it.
+ * eng_decode, timing one-token passes for the pager: their wall time (waits
+ * on faults included) goes to the daemon about ten times a second, and its
+ * speed predictor learns the engine's compute time from it.  Passes over
+ * several positions (prompts, speculation) are not timed, but a report goes
+ * out after them too, with what session_produced counted.
  */
-int session_decode(struct session *s, const int32_t *ids, size_t n, float *logits,
-			  bool all)
+int session_decode(struct session *s, const int32_t *ids, size_t n, float *logits, bool all)
 {
-	double t0 = s->pc && n == 1 ? now_s() : 0;
+	double t0 = s->pc ? now_s() : 0;
 	int rc = eng_decode(s->ctx, ids, n, logits, all);
 
-	if (rc || !t0)
+	if (rc || !s->pc)
 		return rc;
 	double t1 = now_s();
-	const uint64_t *layer = eng_ctx_layer_ns(s->ctx);
-	uint32_t L = s->pass_layer_ns ? s->hp->n_layer : 0;
 
-	if (!s->pass_tokens)
+	if (!s->pass_open) {
+		s->pass_open = true;
 		s->pass_since = t0;
-	s->pass_tokens++;
-	s->pass_s += t1 - t0;
-	for (uint32_t l = 0; l < L; l++)
-		s->pass_layer_ns[l] += layer[l];
-	s->pass_outside_ns += eng_ctx_outside_ns(s->ctx);
+	}
+	if (n == 1) {
+		const uint64_t *layer = eng_ctx_layer_ns(s->ctx);
+		uint32_t L = s->pass_layer_ns ? s->hp->n_layer : 0;
+
+		s->pass_tokens++;
+		s->pass_s += t1 - t0;
+		for (uint32_t l = 0; l < L; l++)
+			s->pass_layer_ns[l] += layer[l];
+		s->pass_outside_ns += eng_ctx_outside_ns(s->ctx);
+	}
 	if (t1 - s->pass_since >= 0.1)
 		session_report(s);
 	return 0;
+}
+
+void session_produced(struct session *s, uint32_t passes, uint32_t tokens)
+{
+	s->pass_all += passes;
+	s->pass_produced += tokens;
+}
+
+/* One pass: plain (session_decode, then the sampler), or speculative. */
+int session_step(struct session *s, struct eng_sampler *sm, int32_t last, float *logits,
+		 int32_t *out, uint32_t *n_out)
+{
+	int rc;
+
+	if (s->spec) {
+		rc = eng_spec_step(s->spec, sm, last, out, n_out);
+	} else {
+		rc = session_decode(s, &last, 1, logits, false);
+		out[0] = rc ? 0 : eng_sample(sm, logits);
+		*n_out = 1;
+	}
+	if (!rc)
+		session_produced(s, 1, *n_out);
+	return rc;
 }
 
 uint64_t peak_rss_bytes(void)

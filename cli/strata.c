@@ -141,13 +141,7 @@ static int cmd_run(int argc, char **argv)
 		if (eng_ctx_n_past(s.ctx) >= eng_ctx_n_ctx(s.ctx) && !shift_context(&s, &o, n_ids))
 			break;
 		i_next = 0;
-		if (s.spec) {
-			rc = eng_spec_step(s.spec, sm, t, next, &n_next);
-		} else {
-			rc = session_decode(&s, &t, 1, logits, false);
-			next[0] = eng_sample(sm, logits);
-		}
-		if (rc) {
+		if ((rc = session_step(&s, sm, t, logits, next, &n_next))) {
 			msg("%s: decoding failed", o.model);
 			rc = EXIT_BAD_INPUT;
 			goto out;

@@ -29,9 +29,10 @@
  * are bit-identical to one-token passes (test_undo), and every token is the
  * model's argmax.
  *
- * How many to draft (adapt): a pass over n positions costs t1 + s (n - 1),
- * a drafted token td, and each draft is accepted with probability a (the
- * geometric fit of what was accepted so far, per drafter); a pass drafting
+ * How many to draft (adapt): a pass over n positions costs t1 + s (n - 1)
+ * (s a quarter of t1 until measured), a drafted token td, and each draft is
+ * accepted with probability a (per drafter, from what recent passes kept,
+ * 1/2 before any); a pass drafting
  * k gives (1 - a^(k+1)) / (1 - a) tokens on average.  k is the one that
  * gives the most tokens per second, 0 (plain decoding) when none pays
  * (between --draft-min and --draft-max, where they are given).  The
@@ -61,14 +62,17 @@
 #define LOOKUP_LONGEST 8  /* the longest n-gram looked for */
 #define PROBE_EVERY 32
 #define EMA 0.1           /* weight of the newest measurement */
+#define KEEP 0.95         /* what acceptance counts keep of the past, per pass */
+#define SLOPE_PRIOR 0.25  /* a position's cost, of a pass's, until measured (the
+			   * most a resident pass should cost: 8 for 3x one) */
 
 enum { SRC_LOOKUP, SRC_DRAFT, SRC_COUNT };
 
-/* What one drafter's proposals have earned. */
+/* What one drafter's proposals have earned, the past fading by KEEP a pass. */
 struct src_stats {
-	double tried, accepted; /* drafts the model judged; of those, kept */
-	double trials;          /* accepted + passes that rejected one */
-	double td;              /* seconds per drafted token (EMA) */
+	double accepted; /* drafts kept */
+	double trials;   /* accepted + passes that rejected one */
+	double td;       /* seconds per drafted token (EMA) */
 };
 
 struct eng_spec {
@@ -88,6 +92,7 @@ struct eng_spec {
 	float *resid;                /* [n_vocab] max(0, p - q) */
 	struct src_stats src[SRC_COUNT];
 	double t1, slope;            /* pass cost model (EMA); 0: not measured */
+	bool slope_seen;
 	uint32_t since_probe;
 	struct eng_spec_stats stats;
 };
@@ -440,17 +445,18 @@ static uint32_t choose_k(const struct eng_spec *sp, int src, uint32_t k_max)
 	uint32_t k_min = umin(sp->cfg.draft_min, k_max), best = k_min;
 	double a, best_rate = 0, t1 = sp->t1;
 
+	double slope = sp->slope_seen ? sp->slope : SLOPE_PRIOR * t1;
+
 	if (k_min == k_max)
 		return k_max;
 	if (t1 <= 0) /* a plain pass first, to know what one costs */
 		return k_min;
-	if (st->trials < 4) /* too little seen: try */
-		return umin(k_max, k_min > 4 ? k_min : 4);
-	a = st->accepted / st->trials;
+	/* the chance a draft is kept: Laplace's rule (1/2 with nothing seen) */
+	a = (st->accepted + 1) / (st->trials + 2);
 	a = a > 0.99 ? 0.99 : a;
 	for (uint32_t k = k_min; k <= k_max; k++) {
 		double tokens = (1 - pow(a, k + 1)) / (1 - a);
-		double cost = t1 + sp->slope * k + st->td * k;
+		double cost = t1 + slope * k + st->td * k;
 
 		if (k == k_min || tokens / cost > best_rate * 1.01) {
 			best_rate = tokens / cost;
@@ -554,11 +560,14 @@ int eng_spec_step(struct eng_spec *sp, struct eng_sampler *s, int32_t last, int3
 	} else {
 		struct src_stats *st = &sp->src[src];
 
-		if (sp->t1 > 0)
-			ema(&sp->slope, fmax(0.0, (t_pass - sp->t1) / k));
-		st->tried += k;
-		st->accepted += a;
-		st->trials += a + (a < k);
+		if (sp->t1 > 0) {
+			double per = fmax(0.0, (t_pass - sp->t1) / k);
+
+			sp->slope = sp->slope_seen ? (1 - EMA) * sp->slope + EMA * per : per;
+			sp->slope_seen = true;
+		}
+		st->accepted = KEEP * st->accepted + a;
+		st->trials = KEEP * st->trials + a + (a < k);
 		if (src == SRC_DRAFT)
 			ema(&st->td, t_draft / k);
 	}

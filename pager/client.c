@@ -513,19 +513,19 @@ static uint32_t to_us(uint64_t ns)
 	return ns / 1000 > UINT32_MAX ? UINT32_MAX : (uint32_t)(ns / 1000);
 }
 
-int pager_client_report(struct pager_client *c, uint32_t tokens, uint64_t wall_ns,
-			uint64_t outside_ns, const uint64_t *layer_ns, uint32_t n_layers)
+int pager_client_report(struct pager_client *c, const struct pager_pass_report *r)
 {
 	uint8_t p[PROTO_PASS_FIXED + 4 * PAGER_PASS_MAX_LAYERS] = { 0 };
+	uint32_t n_layers = r->layer_ns && r->n_layers <= PAGER_PASS_MAX_LAYERS ? r->n_layers : 0;
 
-	if (n_layers > PAGER_PASS_MAX_LAYERS)
-		n_layers = 0;
-	proto_put_u32(p, tokens);
+	proto_put_u32(p, r->tokens);
 	proto_put_u32(p + 4, n_layers);
-	proto_put_u64(p + 8, wall_ns);
-	proto_put_u32(p + 16, to_us(outside_ns));
+	proto_put_u64(p + 8, r->wall_ns);
+	proto_put_u32(p + 16, to_us(r->outside_ns));
+	proto_put_u32(p + 20, r->passes);
+	proto_put_u32(p + 24, r->produced);
 	for (uint32_t l = 0; l < n_layers; l++)
-		proto_put_u32(p + PROTO_PASS_FIXED + 4 * l, to_us(layer_ns[l]));
+		proto_put_u32(p + PROTO_PASS_FIXED + 4 * l, to_us(r->layer_ns[l]));
 	return proto_send(c->sock, PROTO_PASS, p, PROTO_PASS_FIXED + 4 * n_layers, -1);
 }
 

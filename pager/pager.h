@@ -108,15 +108,24 @@ void pager_client_room(const struct pager_client *c, uint64_t *room, uint64_t *l
  * KV cache and buffers), of which kv_bytes its KV cache, once it knows;
  * the daemon re-plans residency. */
 int pager_client_declare(struct pager_client *c, uint64_t bytes, uint64_t kv_bytes);
-/* Tell the daemon `tokens` decode passes took wall_ns (faults included),
- * of which the engine's CPU time was outside_ns outside the layers and
- * layer_ns[l] in each of the n_layers layers (n_layers 0: not known; at
- * most PAGER_PASS_MAX_LAYERS): its speed predictor learns the engine's
- * compute time from it.  Send at most about ten a second (sum the passes in
- * between).  0 or -EIO. */
+/* What an engine tells the daemon of its decoding since its last report:
+ * `tokens` one-token passes took wall_ns (faults included), of which the
+ * engine's CPU time was outside_ns outside the layers and layer_ns[l] in
+ * each of the n_layers layers (n_layers 0: not known; at most
+ * PAGER_PASS_MAX_LAYERS): the speed predictor learns the engine's compute
+ * time from them.  And `passes` decode passes in all (speculative ones,
+ * over several positions, too) produced `produced` tokens: stratactl shows
+ * tokens per pass. */
 #define PAGER_PASS_MAX_LAYERS 1000
-int pager_client_report(struct pager_client *c, uint32_t tokens, uint64_t wall_ns,
-			uint64_t outside_ns, const uint64_t *layer_ns, uint32_t n_layers);
+struct pager_pass_report {
+	uint32_t tokens;
+	uint64_t wall_ns, outside_ns;
+	const uint64_t *layer_ns;
+	uint32_t n_layers;
+	uint32_t passes, produced;
+};
+/* Send at most about ten a second (sum what came in between).  0 or -EIO. */
+int pager_client_report(struct pager_client *c, const struct pager_pass_report *r);
 /* Unmap and disconnect (the watchdog stops first, so this is not "lost"). */
 void pager_client_close(struct pager_client *c);
 

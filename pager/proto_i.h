@@ -1,5 +1,5 @@
 /*
- * proto_i.h - the stratad wire protocol (version 3), shared by the daemon, the
+ * proto_i.h - the stratad wire protocol (version 5), shared by the daemon, the
  * client library and stratactl.  docs/protocol.md says the same in prose.
  *
  * Transport: a unix seqpacket socket.  Every message is a 16-byte header and a
@@ -8,7 +8,7 @@
  *
  *   off size field
  *     0    4 magic     0x41525453 ("STRA")
- *     4    2 version   3
+ *     4    2 version   5
  *     6    2 type      enum proto_type
  *     8    4 length    payload bytes that follow (<= PROTO_MAX_PAYLOAD)
  *    12    4 reserved  0
@@ -53,7 +53,7 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC 0x41525453u
-#define PROTO_VERSION 4
+#define PROTO_VERSION 5
 #define PROTO_HDR_SIZE 16
 #define PROTO_MAX_PAYLOAD (1u << 20)
 #define PROTO_MAX_NAME 4096
@@ -147,14 +147,17 @@ enum proto_role {
  *    8  8 kv_bytes        of which its KV cache (shown in the status) */
 #define PROTO_DECLARE_SIZE 16
 
-/* PASS payload (24 + 4 * n_layers bytes):
- *    0  4 tokens      decode tokens computed (one a pass)
+/* PASS payload (32 + 4 * n_layers bytes):
+ *    0  4 tokens      one-token decode passes timed (the predictor's)
  *    4  4 n_layers    0, or the model's layer count
- *    8  8 wall_ns     the passes' wall time, waiting on faults included
+ *    8  8 wall_ns     those passes' wall time, waiting on faults included
  *   16  4 outside_us  the engine's CPU time in them outside the layers
- *   20  4 reserved    0
- *   24  4 each        per layer, the engine's CPU time in it, microseconds */
-#define PROTO_PASS_FIXED 24
+ *   20  4 passes      every decode pass since the last PASS, speculative
+ *                     ones (several positions) included
+ *   24  4 produced    the tokens those passes produced
+ *   28  4 reserved    0
+ *   32  4 each        per layer, the engine's CPU time in it, microseconds */
+#define PROTO_PASS_FIXED 32
 
 /* ERROR payload (>= 4 bytes):
  *    0  4 errno   positive errno value

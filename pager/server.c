@@ -402,6 +402,8 @@ static void on_sock(struct client *c)
 			pager_predict_pass(c, proto_get_u32(pl), proto_get_u64(pl + 8),
 					   proto_get_u32(pl + 16), pl + PROTO_PASS_FIXED,
 					   proto_get_u32(pl + 4));
+			c->passes += proto_get_u32(pl + 20);
+			c->produced += proto_get_u32(pl + 24);
 		} else if (type == PROTO_REMAPPED && len == PROTO_REMAPPED_SIZE) {
 			pager_on_remapped(c, proto_get_u32(buf + PROTO_HDR_SIZE));
 		} else {

@@ -187,6 +187,7 @@ struct client {
 	uint64_t base;
 	uint64_t declared;
 	uint64_t kv_bytes;    /* of declared, its KV cache (DECLARE) */
+	uint64_t passes, produced; /* decode passes and the tokens they gave (PASS) */
 	int pos;              /* last layer unit the client entered, -1 unknown */
 	uint64_t faults;
 	uint64_t wait_ns;

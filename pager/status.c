@@ -294,11 +294,14 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 					continue;
 				sb(&s, "%s{\"pid\": %d, \"kind\": \"uffd\", \"declared_bytes\": %llu, "
 				       "\"kv_bytes\": %llu, "
-				       "\"layer\": %d, \"faults\": %llu, \"fault_wait_ms\": %.3f}",
+				       "\"layer\": %d, \"faults\": %llu, \"fault_wait_ms\": %.3f, "
+				       "\"passes\": %llu, \"tokens\": %llu, \"tokens_per_pass\": %.3f}",
 				   first ? "" : ", ", (int)c->pid, (unsigned long long)c->declared,
 				   (unsigned long long)c->kv_bytes,
 				   c->pos > 0 ? c->pos - 1 : -1, (unsigned long long)c->faults,
-				   c->wait_ns / 1e6);
+				   c->wait_ns / 1e6, (unsigned long long)c->passes,
+				   (unsigned long long)c->produced,
+				   c->passes ? (double)c->produced / (double)c->passes : 0.0);
 				first = false;
 			}
 			if (reader_active(m))
@@ -352,10 +355,11 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		for (struct client *c = p->clients; c; c = c->next)
 			if (c->m == m && c->state == C_ACTIVE)
 				sb(&s, "    pid %-7d uffd  declares %.1f MiB (KV cache %.1f MiB), at layer %d, "
-				       "%llu faults, waited %.1f ms\n",
+				       "%llu faults, waited %.1f ms, %.2f tokens per pass\n",
 				   (int)c->pid, c->declared / 1048576.0, c->kv_bytes / 1048576.0,
 				   c->pos > 0 ? c->pos - 1 : -1,
-				   (unsigned long long)c->faults, c->wait_ns / 1e6);
+				   (unsigned long long)c->faults, c->wait_ns / 1e6,
+				   c->passes ? (double)c->produced / (double)c->passes : 0.0);
 		if (reader_active(m))
 			sb(&s, "    pid %-7d fuse  at layer %d, %llu reads (%llu from the file), waited %.1f ms\n",
 			   (int)m->fuse_reader->pid,

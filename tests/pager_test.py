@@ -25,6 +25,7 @@
               leaving first leaves the daemon serving
   warm        an engine started after another exits finds every layer planned
               resident still in memory: none is read again
+  spec        a speculating engine's tokens per pass are shown by stratactl
   accounting  an engine's KV cache and buffers are declared, shown by stratactl
               and taken from the budget
   io-probe    the reader's request size and depth: the defaults for models too
@@ -258,7 +259,7 @@ def raw_conn(sock):
     return s
 
 
-def hdr(t, n, magic=0x41525453, ver=4):
+def hdr(t, n, magic=0x41525453, ver=5):
     return struct.pack("<IBBHII", magic, ver, 0, t, n, 0)
 
 
@@ -521,6 +522,32 @@ def case_accounting():
           big[3] <= small[3] < idle, f"idle {idle}, {small[3]}, {big[3]}")
     check("accounting: stratactl status shows it",
           f"{big[1] / 1048576:.1f} MiB declared" in big[4], big[4])
+
+
+def case_spec():
+    """A speculating engine's tokens per pass reach stratactl: the model drafting
+    for itself, 4 drafts a pass, all kept, is 5 tokens a pass; a plain one 1."""
+    m = long_model()
+    name = os.path.basename(m)
+    d = Daemon([m], "--resident", "2")
+    got = {}
+    for what, extra in (("plain", ()), ("speculating", ("--draft-model", m, "--draft-min", "4",
+                                                       "--draft-max", "4"))):
+        e = start_engine(m, d.sock, extra=extra)
+        first_output(e)
+        cl = wait_for(lambda: [c for c in d.model(name)["clients"]
+                               if c["kind"] == "uffd" and c.get("passes", 0) >= 8], 30,
+                      "the engine's reports")
+        got[what] = cl[0]["tokens_per_pass"]
+        text = subprocess.run([CTL, "--socket", d.sock, "status"], capture_output=True,
+                              text=True).stdout
+        e.kill()
+        e.wait()
+    d.stop()
+    check("spec: a plain engine makes 1 token a pass", got["plain"] == 1.0, str(got))
+    check("spec: a speculating one with every draft kept, 5", 4.5 <= got["speculating"] <= 5.0,
+          str(got))
+    check("spec: stratactl status shows tokens per pass", "tokens per pass" in text, text)
 
 
 def case_plan():
@@ -954,7 +981,8 @@ CASES = {"identical": case_identical, "share": case_share,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
          "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse,
          "fuse-kill": case_fuse_kill, "fuse-mixed": case_fuse_mixed, "warm": case_warm,
-         "accounting": case_accounting, "io-probe": case_io_probe, "plan": case_plan}
+         "accounting": case_accounting, "io-probe": case_io_probe, "plan": case_plan,
+         "spec": case_spec}
 
 for name in sys.argv[1:] or CASES:
     try:
