@@ -514,15 +514,9 @@ int cmd_bench(int argc, char **argv)
 		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
 		printf("decode       %ld tokens  %.2f tok/s\n", produced, tg_tps);
 		if (s.spec) {
-			const struct eng_spec_stats *st = eng_spec_stats(s.spec);
+			char line[200];
 
-			printf("speculation  %" PRIu64 " passes, %" PRIu64 " drafted, %" PRIu64
-			       " accepted (%.0f%%; %.2f per token), %.2f tokens per pass\n",
-			       st->passes, st->drafted, st->accepted,
-			       st->drafted ? 100.0 * st->accepted / st->drafted : 0.0,
-			       st->accepted ? (double)st->accepted / (st->accepted + st->rejected)
-					    : 0.0,
-			       st->passes ? (double)st->tokens / st->passes : 0.0);
+			printf("speculation  %s\n", spec_summary(&s, line, sizeof(line)));
 		}
 		for (int i = 0; i < n_sizes; i++)
 			printf("pass         %2u positions  %.4f s  (%.2fx the %u-position pass)\n",

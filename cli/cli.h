@@ -134,6 +134,9 @@ int session_step(struct session *s, struct eng_sampler *sm, int32_t last, float 
 double now_s(void);  /* CLOCK_MONOTONIC, seconds */
 double unix_s(void); /* wall-clock time, to line a trace up with other logs */
 uint64_t peak_rss_bytes(void);
+/* "N passes, N drafted, N accepted (P%; A per token), T tokens per pass":
+ * the speculation so far, into buf. */
+char *spec_summary(const struct session *s, char *buf, size_t len);
 /* All of a stream into a NUL-terminated malloc'd buffer; NULL on error. */
 char *read_all(FILE *f, size_t *len);
 /* The text of token id to stdout. */

@@ -12,6 +12,7 @@
 #include "hwbench.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -407,6 +408,20 @@ void session_produced(struct session *s, uint32_t passes, uint32_t tokens)
 {
 	s->pass_all += passes;
 	s->pass_produced += tokens;
+}
+
+char *spec_summary(const struct session *s, char *buf, size_t len)
+{
+	const struct eng_spec_stats *st = eng_spec_stats(s->spec);
+
+	snprintf(buf, len,
+		 "%" PRIu64 " passes, %" PRIu64 " drafted, %" PRIu64
+		 " accepted (%.0f%%; %.2f per token), %.2f tokens per pass",
+		 st->passes, st->drafted, st->accepted,
+		 st->drafted ? 100.0 * st->accepted / st->drafted : 0.0,
+		 st->accepted ? (double)st->accepted / (double)(st->accepted + st->rejected) : 0.0,
+		 st->passes ? (double)st->tokens / (double)st->passes : 0.0);
+	return buf;
 }
 
 /* One pass: plain (session_decode, then the sampler), or speculative. */

@@ -158,13 +158,9 @@ static int cmd_run(int argc, char **argv)
 		n_ids, t1 - t0, n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), generated, t2 - t1,
 		generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9), peak_rss_bytes() / 1048576.0);
 	if (s.spec) {
-		const struct eng_spec_stats *st = eng_spec_stats(s.spec);
+		char line[200];
 
-		msg("speculation: %" PRIu64 " passes, %" PRIu64 " drafted, %" PRIu64
-		    " accepted (%.0f%%), %.2f tokens per pass",
-		    st->passes, st->drafted, st->accepted,
-		    st->drafted ? 100.0 * st->accepted / st->drafted : 0.0,
-		    st->passes ? (double)st->tokens / st->passes : 0.0);
+		msg("speculation: %s", spec_summary(&s, line, sizeof(line)));
 	}
 out:
 	free(logits);

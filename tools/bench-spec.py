@@ -15,8 +15,8 @@ acceptance is known: strata-mkmodel --out-gain G makes layers that barely
 change the residual stream, and the same shape with --layers 1 (same seed and
 gain) drafts for it (docs/benchmarks.md says which G gives what).
 
-usage: tools/bench-spec.py --target T.gguf --draft D.gguf [--budget 2G]
-       [--rounds 3] [--sizes 1,2,4,8,12,16] [-n 48] [--fixed 8]
+usage: tools/bench-spec.py --target T.gguf --draft D.gguf [--poor-draft P.gguf]
+       [--budget 2G] [--rounds 3] [--sizes 1,2,4,8,12,16] [-n 48] [--fixed 8]
 Run as root (drops the page cache before each streamed set).
 """
 import argparse
@@ -33,6 +33,8 @@ from benchlib import STRATA, drop_caches, size, start_daemon  # noqa: E402
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--target", required=True)
 ap.add_argument("--draft", required=True)
+ap.add_argument("--poor-draft", help="a draft that is rarely right (e.g. another seed): "
+                "adaptive drafting should turn itself down")
 ap.add_argument("--budget", default="2G")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--sizes", default="1,2,4,8,12,16")
@@ -69,6 +71,8 @@ variants = {
     f"draft (always {a.fixed})": ["--draft-model", a.draft, "--draft-min", str(a.fixed),
                                    "--draft-max", str(a.fixed)],
 }
+if a.poor_draft:
+    variants["poor draft (adaptive)"] = ["--draft-model", a.poor_draft]
 modes = ["resident", "streamed"]
 pass_s = {m: [] for m in modes}
 dec = {(m, v): [] for m in modes for v in variants}
