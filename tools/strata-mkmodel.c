@@ -86,6 +86,11 @@ struct shape {
 	bool tied;          /* no output.weight: the embedding serves */
 	uint32_t n_swa;     /* attention.sliding_window (gemma) */
 	float rope_scale;   /* linear rope scaling factor (gemma3's global layers) */
+	/* qwen35's Gated DeltaNet layers: all but every full_attn-th */
+	uint32_t full_attn;  /* full_attention_interval; 0: no recurrent layers */
+	uint32_t ssm_state;  /* ssm.state_size: head size of its k and v */
+	uint32_t ssm_groups; /* ssm.group_count: k heads */
+	uint32_t ssm_heads;  /* ssm.time_step_rank: v heads */
 };
 
 /*
@@ -94,7 +99,10 @@ struct shape {
  * and so are Phi-4-mini's longrope factors (at 4096 tokens of context or
  * fewer, where benchmarks run, the reference uses its short factors, a
  * per-pair constant that costs nothing).  Gemma's vocabularies are the
- * published sizes; the tokens are synthetic like the others'.
+ * published sizes; the tokens are synthetic like the others'.  Qwen3.5-9B:
+ * 32 layers, every fourth full attention (16 heads of 256, 4 KV heads,
+ * rotary over a quarter of each head, the output gated), the others Gated
+ * DeltaNet (16 k heads and 32 v heads of 128, a 4-wide convolution).
  */
 static const struct shape shapes[] = {
 	{ "tiny", 256, 4, 768, 8, 2, 4096, 512, 10000.0f, .arch = NULL },
@@ -113,6 +121,9 @@ static const struct shape shapes[] = {
 	  .head_dim = 256, .tied = true, .n_swa = 1024, .rope_scale = 8.0f },
 	{ "phi4-mini", 3072, 32, 8192, 24, 8, 200064, 131072, 10000.0f, .arch = "phi3",
 	  .head_dim = 128, .n_rot = 96, .tied = true },
+	{ "qwen35-9b", 4096, 32, 12288, 16, 4, 248320, 262144, 10000000.0f, .arch = "qwen35",
+	  .head_dim = 256, .n_rot = 64, .full_attn = 4, .ssm_state = 128, .ssm_groups = 16,
+	  .ssm_heads = 32 },
 };
 #define N_SHAPES (sizeof(shapes) / sizeof(shapes[0]))
 
@@ -335,15 +346,6 @@ static void fill_random(struct rng *r, uint8_t *p, size_t n) /* n % 8 == 0 */
 		put64(p + i, rng_next(r));
 }
 
-static void gen_f32_ones(struct rng *r, uint8_t *dst, size_t n)
-{
-	const float one = 1.0f;
-
-	(void)r;
-	for (size_t i = 0; i < n; i++)
-		memcpy(dst + 4 * i, &one, 4);
-}
-
 static void gen_f16(struct rng *r, uint8_t *dst, size_t n)
 {
 	for (size_t i = 0; i < n; i += 2) {
@@ -423,8 +425,6 @@ typedef void (*gen_fn)(struct rng *r, uint8_t *dst, size_t n_blocks);
 static gen_fn generator(uint32_t type)
 {
 	switch (type) {
-	case ENG_TYPE_F32:
-		return gen_f32_ones; /* only norms are F32 */
 	case ENG_TYPE_F16:
 		return gen_f16;
 	case ENG_TYPE_Q4_0:
@@ -596,7 +596,8 @@ struct tensor {
 	uint64_t ne0, ne1; /* ne1 is 1 for the 1-D norms */
 	uint32_t type;
 	int32_t layer;   /* -1 outside the layers */
-	bool out_proj;   /* attn_output, ffn_down: what a layer adds to the residual */
+	bool out_proj;   /* attn_output, ffn_down, ssm_out: what a layer adds to the residual */
+	float fill;      /* an F32 tensor's every value (1 for norms) */
 	uint64_t offset; /* from the start of the data section */
 	uint64_t size;
 };
@@ -626,24 +627,34 @@ static void plan_destroy(struct plan *p)
 	memset(p, 0, sizeof(*p));
 }
 
+/*
+ * A tensor's role is its name without "blk.N." and without ".weight" (a role
+ * with a '.' of its own, or ssm_a, is the whole rest of the name, as
+ * llama.cpp names them).  ne1 0: a 1-D F32 tensor (norms, biases); f32: a
+ * 2-D one (the DeltaNet's convolution); both filled with `fill`.
+ */
 static int add_tensor(struct plan *p, const char *role, int32_t layer, uint64_t ne0,
-		      uint64_t ne1, bool is_norm)
+		      uint64_t ne1, bool f32, float fill)
 {
 	struct tensor *t = &p->t[p->n_t++];
+	const char *suffix = strchr(role, '.') || !strcmp(role, "ssm_a") ? "" : ".weight";
+	bool is_1d = ne1 == 0;
 	struct typeinfo ti;
 
 	if (layer >= 0)
-		snprintf(t->name, sizeof(t->name), "blk.%d.%s.weight", (int)layer, role);
+		snprintf(t->name, sizeof(t->name), "blk.%d.%s%s", (int)layer, role, suffix);
 	else
-		snprintf(t->name, sizeof(t->name), "%s.weight", role);
+		snprintf(t->name, sizeof(t->name), "%s%s", role, suffix);
 	t->layer = layer;
-	t->out_proj = layer >= 0 && (!strcmp(role, "attn_output") || !strcmp(role, "ffn_down"));
+	t->out_proj = layer >= 0 && (!strcmp(role, "attn_output") || !strcmp(role, "ffn_down") ||
+				     !strcmp(role, "ssm_out"));
+	t->fill = fill;
 	t->ne0 = ne0;
-	t->ne1 = is_norm ? 1 : ne1;
-	t->n_dims = is_norm ? 1 : 2;
-	t->type = is_norm ? ENG_TYPE_F32
-			  : tensor_type(p->mix->mix, role, layer < 0 ? 0 : (uint32_t)layer,
-					p->sh.n_layer);
+	t->ne1 = is_1d ? 1 : ne1;
+	t->n_dims = is_1d ? 1 : 2;
+	t->type = is_1d || f32 ? ENG_TYPE_F32
+			       : tensor_type(p->mix->mix, role, layer < 0 ? 0 : (uint32_t)layer,
+					     p->sh.n_layer);
 	ti = typeinfo(t->type);
 	if (ne0 % ti.blck) {
 		msg("%s: row length %" PRIu64 " is not a multiple of %s's block size %u", t->name,
@@ -669,49 +680,68 @@ static int plan_tensors(struct plan *p)
 	const struct shape *s = &p->sh;
 	uint64_t q_dim = (uint64_t)s->n_head * p->head_dim;
 	uint64_t kv_dim = (uint64_t)s->n_head_kv * p->head_dim;
-	bool qk_norm = is_arch(s, "qwen3") || is_arch(s, "gemma3");
+	bool qk_norm = is_arch(s, "qwen3") || is_arch(s, "gemma3") || is_arch(s, "qwen35");
 	bool post_norms = is_arch(s, "gemma2") || is_arch(s, "gemma3");
 	bool fused = is_arch(s, "phi3");
+	bool gated_q = is_arch(s, "qwen35");
+	uint64_t ssm_key = (uint64_t)s->ssm_groups * s->ssm_state;
+	uint64_t ssm_inner = (uint64_t)s->ssm_heads * s->ssm_state;
+	uint64_t conv_dim = 2 * ssm_key + ssm_inner;
 	int rc;
 
-	p->t = calloc((size_t)s->n_layer * 13 + 3, sizeof(*p->t));
+	p->t = calloc((size_t)s->n_layer * 16 + 3, sizeof(*p->t));
 	if (!p->t) {
 		msg("out of memory");
 		return -ENOMEM;
 	}
-	if ((rc = add_tensor(p, "token_embd", -1, s->n_embd, s->n_vocab, false)))
+	if ((rc = add_tensor(p, "token_embd", -1, s->n_embd, s->n_vocab, false, 0)))
 		return rc;
 	for (uint32_t i = 0; i < s->n_layer; i++) {
+		/* a hybrid's recurrent layer: a Gated DeltaNet in place of attention */
+		bool rec = s->full_attn && (i + 1) % s->full_attn != 0, att = !rec;
 		/* [ne0, ne1] as GGUF stores them: ne0 is the input (row) length;
-		 * ne1 0 for a norm (1-D); absent roles skipped */
+		 * ne1 0 for a 1-D tensor; absent roles skipped.  F32 tensors hold
+		 * `fill`: 1 (norms, the DeltaNet's dt bias and convolution), and
+		 * -1 for its A (a decay: exp(g * A) must stay below 1). */
 		const struct {
 			const char *role;
 			bool present;
 			uint64_t ne0, ne1;
+			bool f32;
+			float fill;
 		} l[] = {
-			{ "attn_norm", true, s->n_embd, 0 },
-			{ "attn_qkv", fused, s->n_embd, q_dim + 2 * kv_dim },
-			{ "attn_q", !fused, s->n_embd, q_dim },
-			{ "attn_k", !fused, s->n_embd, kv_dim },
-			{ "attn_v", !fused, s->n_embd, kv_dim },
-			{ "attn_q_norm", qk_norm, p->head_dim, 0 },
-			{ "attn_k_norm", qk_norm, p->head_dim, 0 },
-			{ "attn_output", true, q_dim, s->n_embd },
-			{ "post_attention_norm", post_norms, s->n_embd, 0 },
-			{ "ffn_norm", true, s->n_embd, 0 },
-			{ "ffn_gate", !fused, s->n_embd, s->n_ff },
-			{ "ffn_up", true, s->n_embd, (fused ? 2 : 1) * (uint64_t)s->n_ff },
-			{ "ffn_down", true, s->n_ff, s->n_embd },
-			{ "post_ffw_norm", post_norms, s->n_embd, 0 },
+			{ "attn_norm", true, s->n_embd, 0, true, 1 },
+			{ "attn_qkv", att && fused, s->n_embd, q_dim + 2 * kv_dim, false, 0 },
+			{ "attn_q", att && !fused, s->n_embd, (gated_q ? 2 : 1) * q_dim, false, 0 },
+			{ "attn_k", att && !fused, s->n_embd, kv_dim, false, 0 },
+			{ "attn_v", att && !fused, s->n_embd, kv_dim, false, 0 },
+			{ "attn_q_norm", att && qk_norm, p->head_dim, 0, true, 1 },
+			{ "attn_k_norm", att && qk_norm, p->head_dim, 0, true, 1 },
+			{ "attn_output", att, q_dim, s->n_embd, false, 0 },
+			{ "attn_qkv", rec, s->n_embd, conv_dim, false, 0 },
+			{ "attn_gate", rec, s->n_embd, ssm_inner, false, 0 },
+			{ "ssm_conv1d", rec, 4, conv_dim, true, 1 },
+			{ "ssm_dt.bias", rec, s->ssm_heads, 0, true, 1 },
+			{ "ssm_a", rec, s->ssm_heads, 0, true, -1 },
+			{ "ssm_beta", rec, s->n_embd, s->ssm_heads, false, 0 },
+			{ "ssm_alpha", rec, s->n_embd, s->ssm_heads, false, 0 },
+			{ "ssm_norm", rec, s->ssm_state, 0, true, 1 },
+			{ "ssm_out", rec, ssm_inner, s->n_embd, false, 0 },
+			{ "post_attention_norm", post_norms || gated_q, s->n_embd, 0, true, 1 },
+			{ "ffn_norm", !gated_q, s->n_embd, 0, true, 1 },
+			{ "ffn_gate", !fused, s->n_embd, s->n_ff, false, 0 },
+			{ "ffn_up", true, s->n_embd, (fused ? 2 : 1) * (uint64_t)s->n_ff, false, 0 },
+			{ "ffn_down", true, s->n_ff, s->n_embd, false, 0 },
+			{ "post_ffw_norm", post_norms, s->n_embd, 0, true, 1 },
 		};
 
 		for (size_t j = 0; j < sizeof(l) / sizeof(l[0]); j++)
 			if (l[j].present && (rc = add_tensor(p, l[j].role, (int32_t)i, l[j].ne0,
-							     l[j].ne1, l[j].ne1 == 0)))
+							     l[j].ne1, l[j].f32, l[j].fill)))
 				return rc;
 	}
-	if ((rc = add_tensor(p, "output_norm", -1, s->n_embd, 0, true)) ||
-	    (!s->tied && (rc = add_tensor(p, "output", -1, s->n_embd, s->n_vocab, false))))
+	if ((rc = add_tensor(p, "output_norm", -1, s->n_embd, 0, true, 1)) ||
+	    (!s->tied && (rc = add_tensor(p, "output", -1, s->n_embd, s->n_vocab, false, 0))))
 		return rc;
 	return 0;
 }
@@ -763,6 +793,14 @@ static int plan_header(struct plan *p)
 	if (s->rope_scale > 0) {
 		kv_str(b, &n_kv, K("rope.scaling.type"), "linear");
 		kv_f32(b, &n_kv, K("rope.scaling.factor"), s->rope_scale);
+	}
+	if (s->full_attn) {
+		kv_u32(b, &n_kv, K("ssm.conv_kernel"), 4);
+		kv_u32(b, &n_kv, K("ssm.state_size"), s->ssm_state);
+		kv_u32(b, &n_kv, K("ssm.group_count"), s->ssm_groups);
+		kv_u32(b, &n_kv, K("ssm.time_step_rank"), s->ssm_heads);
+		kv_u32(b, &n_kv, K("ssm.inner_size"), s->ssm_heads * s->ssm_state);
+		kv_u32(b, &n_kv, K("full_attention_interval"), s->full_attn);
 	}
 #undef K
 
@@ -911,6 +949,12 @@ static int out_tensor(struct out *o, const struct tensor *t, uint64_t seed, doub
 		return rc;
 	rng_seed(&r, seed, t->name);
 	scales_init(t->out_proj ? WEIGHT_STD * out_gain : WEIGHT_STD);
+	if (t->type == ENG_TYPE_F32) {
+		for (uint64_t i = 0; i < n; i++)
+			if ((rc = out_put(o, &t->fill, 4)))
+				return rc;
+		return 0;
+	}
 	while (n) {
 		/* F16 is generated two elements at a time: keep batches even */
 		size_t room = (OUT_BUF_SIZE - o->pos) / ti.bytes & ~(size_t)1;
