@@ -6,7 +6,9 @@
  * Threading: one (token, head) pair per work item, shared out over the
  * context's pool; a worker writes only its pairs' outputs and its own rows
  * of the scratch buffers (att, vrow, vacc, qbuf).  The cache is read-only
- * while the job runs.
+ * while the job runs.  A row's keys are in its own context's cache
+ * (row_ctx: a multi-sequence pass); the query, output and scratch are the
+ * passing context's.
  *
  * Numerics.  An F16 cache is used as the reference engine uses it: the query
  * rounded to f16 for the q.k products (the kernel set's F16 dot), the
@@ -142,7 +144,7 @@ const struct attn_kernels *attn_kernels_for(const struct eng_kernels *k)
 
 struct attn_job {
 	struct eng_ctx *c;
-	uint32_t layer, nb, pos0;
+	uint32_t layer, nb;
 };
 
 /* Bytes from a row's start to head h's first value, for a type whose heads
@@ -166,7 +168,6 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 	struct eng_ctx *c = j->c;
 	const struct eng_hparams *hp = &c->m->hp;
 	const struct layer_w *lw = &c->m->layers[j->layer];
-	const struct kv_layer *kl = &c->kv[lw->slot];
 	const struct attn_kernels *ak = c->ak;
 	enum eng_kv_type tk = c->type_k, tv = c->type_v;
 	uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
@@ -184,7 +185,8 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 
 	for (uint32_t it = items * ith / nth; it < items * (ith + 1) / nth; it++) {
 		uint32_t b = it / hp->n_head, h = it % hp->n_head, kvh = h / group;
-		uint32_t pos = j->pos0 + b;
+		uint32_t pos = c->row_pos[b];
+		const struct kv_layer *kl = &c->row_ctx[b]->kv[lw->slot];
 		/* keys t with pos - t < n_swa, as the reference's mask */
 		uint32_t t0 = lw->n_swa && pos >= lw->n_swa ? pos + 1 - lw->n_swa : 0;
 		const float *q = c->q + (size_t)b * c->q_dim + (size_t)h * hd;
@@ -260,7 +262,7 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 
 void attention(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
-	struct attn_job j = { c, l, nb, c->n_past };
+	struct attn_job j = { c, l, nb };
 
 	eng_pool_run(c->pool, attn_worker, &j);
 }

@@ -86,8 +86,9 @@ void kv_clear(struct eng_ctx *c);
 /* The quantizer of Q4_0 rows (ggml's rounding: x / d + 8.5 truncated). */
 void kv_q4_0_from_float(const float *src, void *dst, size_t n);
 
-/* attn.c: xb2 = attention(q, cache of layer l) for the nb tokens at
- * c->n_past.., on the context's threads. */
+/* attn.c: xb2 = attention(q, cache of layer l) for the nb rows of the pass,
+ * each over its own context's cache up to its position (c->row_ctx,
+ * c->row_pos), on c's threads. */
 void attention(struct eng_ctx *c, uint32_t l, uint32_t nb);
 
 #endif

@@ -195,8 +195,6 @@ void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	float *beta = z + (size_t)nb * V;             /* [nb][Hv] */
 	float *g = beta + (size_t)nb * Hv;            /* [nb][Hv] */
 	float *o = g + (size_t)nb * Hv;               /* [nb][V] */
-	float *conv_state = c->conv_state + (size_t)w->slot * (K - 1) * conv_dim;
-	float *S = c->ssm_state + (size_t)w->slot * Hv * d * d;
 	const float *dt = (const float *)w->ssm_dt.data, *a = (const float *)w->ssm_a.data;
 	const float *nw = (const float *)w->ssm_norm.data;
 
@@ -223,10 +221,14 @@ void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	for (uint32_t b = 0; b < nb; b++) {
 		float *ob = o + (size_t)b * V;
 		const float *zb = z + (size_t)b * V;
-		uint32_t since = c->n_past + b - c->undo_from;
+		/* the row's own sequence: its state, its undo record */
+		struct eng_ctx *rc = c->row_ctx[b];
+		float *conv_state = rc->conv_state + (size_t)w->slot * (K - 1) * conv_dim;
+		float *S = rc->ssm_state + (size_t)w->slot * Hv * d * d;
+		uint32_t since = c->row_pos[b] - rc->undo_from;
 
-		if (c->undo_ok && since < c->undo_max) {
-			float *in = undo_inputs(c, w->slot, since);
+		if (rc->undo_ok && since < rc->undo_max) {
+			float *in = undo_inputs(rc, w->slot, since);
 
 			memcpy(in, qkv + b * conv_dim, conv_dim * sizeof(float));
 			memcpy(in + conv_dim, beta + b * Hv, Hv * sizeof(float));

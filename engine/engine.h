@@ -192,6 +192,23 @@ int eng_ctx_truncate(struct eng_ctx *c, uint32_t n_past);
 int eng_decode(struct eng_ctx *c, const int32_t *tokens, size_t n, float *logits,
 	       bool all_logits);
 
+/*
+ * One pass over rows of several sequences of the same model: row i feeds
+ * tokens[i] to ctxs[i] at that context's next position (rows of one context
+ * take its positions in row order).  Every weight is read once for all n
+ * rows, so a streamed layer serves every sequence; each row's attention,
+ * RoPE and KV cache (or recurrent state) are its own context's.  The pass
+ * runs on ctxs[0]'s threads and buffers: n <= its n_batch, every context no
+ * longer than it, with its cache types, and no context given more than its
+ * own n_batch rows.  logits, if not NULL, receives n_vocab floats for each
+ * row want marks (want NULL: every row), in row order; a row's logits are
+ * bit-identical to feeding its context alone.  The contexts must not be in
+ * use elsewhere meanwhile.  Returns 0, -EINVAL (a mismatch or a token out
+ * of range), or -ENOSPC when a context is full; then nothing was fed.
+ */
+int eng_decode_multi(struct eng_ctx *const *ctxs, const int32_t *tokens, const bool *want,
+		     size_t n, float *logits);
+
 /* Sampling. */
 struct eng_sampler_config {
 	float temp;    /* <= 0: greedy */

@@ -177,6 +177,8 @@ static void ctx_alloc(struct eng_ctx *c)
 	c->qbuf_stride = ((size_t)hp->head_dim * 2 + 63) & ~(size_t)63;
 	c->qbuf = xcalloc(c, nth, c->qbuf_stride);
 	c->logits = xcalloc(c, (size_t)c->n_batch * hp->n_vocab, sizeof(float));
+	c->row_ctx = xcalloc(c, c->n_batch, sizeof(*c->row_ctx));
+	c->row_pos = xcalloc(c, c->n_batch, sizeof(*c->row_pos));
 	c->theta[0] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	c->theta[1] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	/* Widest quantized activation row: any matmul input, in any vec_dot
@@ -291,6 +293,8 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->vacc);
 	free(c->qbuf);
 	free(c->logits);
+	free(c->row_ctx);
+	free(c->row_pos);
 	free(c->qgate);
 	free(c->conv_state);
 	free(c->ssm_state);
@@ -471,7 +475,8 @@ static void softcap(float *x, size_t n, float cap)
 		x[i] = tanhf(x[i] * inv) * cap;
 }
 
-/* x += attention(rmsnorm(x)) for the nb tokens at n_past.. */
+/* x += attention(rmsnorm(x)) for the nb rows, each at its own context's
+ * position (row_ctx, row_pos) */
 static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
@@ -503,7 +508,7 @@ static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		float *q = c->q + (size_t)b * c->q_dim;
 		float *k = c->kb + (size_t)b * c->kv_dim;
 		float *v = c->vb + (size_t)b * c->kv_dim;
-		uint32_t pos = c->n_past + b;
+		uint32_t pos = c->row_pos[b];
 
 		add_bias(q, &w->bq, c->q_dim);
 		add_bias(k, &w->bk, c->kv_dim);
@@ -521,7 +526,7 @@ static void attention_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		if (c->m->arch->q_prescale)
 			for (uint32_t i = 0; i < c->q_dim; i++)
 				q[i] *= hp->attn_scale;
-		kv_store(c, w->slot, pos, k, v);
+		kv_store(c->row_ctx[b], w->slot, pos, k, v);
 	}
 
 	/* xb2 = attention(q, cache); xb = xb2 @ Wo (normed); x += xb */
@@ -595,14 +600,19 @@ static uint64_t cpu_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* One batch of nb tokens at positions n_past..; logits for rows [first, nb). */
-static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, uint32_t first,
-			  float *logits)
+/*
+ * One pass of nb rows, each a token of its context (row_ctx) at its position
+ * (row_pos), set by the caller: every weight is read once for all of them.
+ * Logits for the rows want marks (NULL: rows [first, nb)), in row order.
+ * Each row's context then holds its token: n_past moves past its position.
+ */
+static void forward_rows(struct eng_ctx *c, const int32_t *tok, uint32_t nb, const bool *want,
+			 uint32_t first, float *logits)
 {
 	const struct eng_model *m = c->m;
 	const struct eng_hparams *hp = &m->hp;
 	uint32_t E = hp->n_embd;
-	uint32_t n_out = nb - first;
+	uint32_t n_out = 0;
 
 	for (uint32_t b = 0; b < nb; b++)
 		c->k->to_float[m->tok_embd.type](m->tok_embd.data +
@@ -628,21 +638,25 @@ static void forward_batch(struct eng_ctx *c, const int32_t *tok, uint32_t nb, ui
 		c->layer_ns[l] = t1 - t;
 		t = t1;
 	}
-	if (!logits) {
-		c->outside_ns = 0;
-		c->n_past += nb;
-		goto done;
+	if (logits) {
+		/* the wanted rows' final norm, packed: xb[k] for the k-th wanted */
+		for (uint32_t b = 0; b < nb; b++)
+			if (want ? want[b] : b >= first)
+				rmsnorm(c->xb + (size_t)n_out++ * E, c->x + (size_t)b * E,
+					(const float *)m->out_norm.data, E, hp->norm_eps);
+		matmul1(c, &m->output, c->logits, c->xb, n_out);
+		if (hp->final_softcap > 0)
+			softcap(c->logits, (size_t)n_out * hp->n_vocab, hp->final_softcap);
+		memcpy(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
 	}
-	rmsnorm_rows(c->xb, c->x + (size_t)first * E, &m->out_norm, n_out, E, hp->norm_eps);
-	matmul1(c, &m->output, c->logits, c->xb, n_out);
-	if (hp->final_softcap > 0)
-		softcap(c->logits, (size_t)n_out * hp->n_vocab, hp->final_softcap);
-	memcpy(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
-	c->n_past += nb;
-	c->outside_ns = cpu_ns() - t;
-done:
-	if (c->n_past > c->undo_high)
-		c->undo_high = c->n_past;
+	c->outside_ns = n_out ? cpu_ns() - t : 0;
+	for (uint32_t b = 0; b < nb; b++) {
+		struct eng_ctx *rc = c->row_ctx[b];
+
+		rc->n_past = c->row_pos[b] + 1;
+		if (rc->n_past > rc->undo_high)
+			rc->undo_high = rc->n_past;
+	}
 }
 
 int eng_decode(struct eng_ctx *c, const int32_t *tokens, size_t n, float *logits,
@@ -669,8 +683,63 @@ int eng_decode(struct eng_ctx *c, const int32_t *tokens, size_t n, float *logits
 		} else if (logits && last) {
 			out = logits;
 		}
-		forward_batch(c, tokens + i, nb, first, out);
+		for (uint32_t b = 0; b < nb; b++) {
+			c->row_ctx[b] = c;
+			c->row_pos[b] = c->n_past + b;
+		}
+		forward_rows(c, tokens + i, nb, NULL, first, out);
 	}
 	return 0;
 }
 
+/*
+ * Rows of several sequences in one pass.  Positions are handed out in row
+ * order from each context's n_past.  Everything is checked before anything
+ * is fed: the positions are counted by moving each n_past forward and then
+ * put back (last row first, so each context ends at its first row's
+ * position), and a refused call feeds nothing.  A ring (sliding-window
+ * layer) holds window + n_batch - 1 rows of its context, so no context may
+ * have more than its n_batch rows in the pass; attention's scratch is the
+ * first context's, so none may be longer than it.
+ */
+int eng_decode_multi(struct eng_ctx *const *ctxs, const int32_t *tokens, const bool *want,
+		     size_t n, float *logits)
+{
+	struct eng_ctx *c;
+	int rc = 0;
+	size_t i;
+
+	if (n == 0)
+		return 0;
+	c = ctxs[0];
+	if (n > c->n_batch)
+		return -EINVAL;
+	for (i = 0; i < n; i++) {
+		struct eng_ctx *r = ctxs[i];
+
+		if (r->m != c->m || r->type_k != c->type_k || r->type_v != c->type_v ||
+		    r->n_ctx > c->n_ctx || tokens[i] < 0 ||
+		    (uint32_t)tokens[i] >= c->m->hp.n_vocab) {
+			rc = -EINVAL;
+			break;
+		}
+		if (r->n_past >= r->n_ctx) {
+			rc = -ENOSPC;
+			break;
+		}
+		c->row_pos[i] = r->n_past++;
+	}
+	for (size_t k = 0; !rc && k < n; k++)
+		if (ctxs[k]->n_past - c->row_pos[k] > ctxs[k]->n_batch)
+			rc = -EINVAL;
+	while (i-- > 0)
+		ctxs[i]->n_past = c->row_pos[i];
+	if (rc)
+		return rc;
+	for (i = 0; i < n; i++) {
+		c->row_ctx[i] = ctxs[i];
+		c->row_pos[i] = ctxs[i]->n_past++;
+	}
+	forward_rows(c, tokens, (uint32_t)n, want, 0, logits);
+	return 0;
+}

@@ -136,6 +136,13 @@ struct eng_ctx {
 				      * takes it (f16, Q8_0) */
 	size_t qbuf_stride;
 	float *logits;               /* [n_batch][n_vocab] */
+	/* Whose each row of the pass is: the context whose cache (or recurrent
+	 * state) its token reads and writes, and its position there.  A plain
+	 * pass fills them with this context and n_past.. ; eng_decode_multi
+	 * with the rows' own sequences, so the weight matmuls run once over
+	 * every sequence's rows. */
+	struct eng_ctx **row_ctx;    /* [n_batch] */
+	uint32_t *row_pos;           /* [n_batch] */
 	float *theta[2];             /* [n_rot / 2] per-pair frequency: global, local */
 	float rope_mscale;           /* cos and sin times this (longrope's attn_factor) */
 	/* Gated DeltaNet state and scratch (hybrids only) */
@@ -176,7 +183,8 @@ void rope_heads(const struct eng_ctx *c, float *v, uint32_t n_heads, float pos,
 
 /* deltanet.c: the token mixer of a hybrid's recurrent layer l, for the nb
  * tokens in c->xb (normed); the result into c->xb ([nb][n_embd]).  Tokens go
- * through the recurrence one after the other, as the reference feeds them. */
+ * through the recurrence one after the other, as the reference feeds them,
+ * each through the state of its row's context (c->row_ctx). */
 void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb);
 /* The recurrent state into the checkpoint's copy; and back from it, with the
  * recurrence replayed for the n tokens fed after it that are kept. */
