@@ -295,6 +295,12 @@ const struct eng_spec_stats *eng_spec_stats(const struct eng_spec *sp);
 int eng_tokenize(const struct eng_tokenizer *t, const char *text, size_t len, bool add_bos,
 		 int32_t **ids, size_t *n);
 
+/* The same, with special tokens written in the text (<|im_start|>, <s>,
+ * <start_of_turn>: control, user-defined and unknown tokens) parsed as
+ * those tokens, longest first, as a chat template's output needs. */
+int eng_tokenize_special(const struct eng_tokenizer *t, const char *text, size_t len,
+			 bool add_bos, int32_t **ids, size_t *n);
+
 /* The bytes token id stands for when printed as output: U+2581 -> ' ',
  * <0xNN> -> that byte, GPT-2 byte-to-unicode mapping undone, control tokens
  * (BOS/EOS...) -> "".  Returns the length (may exceed bufsz: then truncated,

@@ -866,18 +866,19 @@ static bool ascii_space(char c)
 	return c == ' ' || (c >= '\t' && c <= '\r');
 }
 
-/* llama.cpp's tokenizer_st_partition with parse_special = false: control and
- * unknown tokens stay text, user-defined ones are cut out, longest first,
- * with optional stripping of whitespace beside them. */
-static int partition(const struct eng_tokenizer *t, const char *text, size_t len,
-		     struct frags *out)
+/* llama.cpp's tokenizer_st_partition: the tokens of list (longest first)
+ * are cut out of the text, with optional stripping of whitespace beside
+ * them.  Without parse_special that is the user-defined ones (control and
+ * unknown tokens stay text); with it, those too. */
+static int partition(const struct eng_tokenizer *t, const int32_t *list, uint32_t n_list,
+		     const char *text, size_t len, struct frags *out)
 {
 	struct frags a = { 0 }, b = { 0 }, tmp;
 
 	if (len && frag_push(&a, 0, len, -1))
 		goto err_nomem;
-	for (uint32_t s = 0; s < t->n_special && a.n; s++) {
-		int32_t id = t->special[s];
+	for (uint32_t s = 0; s < n_list && a.n; s++) {
+		int32_t id = list[s];
 		const char *tp = t->text[id].p;
 		size_t tn = t->text[id].n;
 		uint16_t attr = t->attr[id];
@@ -926,8 +927,8 @@ err_nomem:
 
 /* ---- public: tokenize and decode -------------------------------------- */
 
-int eng_tokenize(const struct eng_tokenizer *t, const char *text, size_t len, bool add_bos,
-		 int32_t **ids, size_t *n)
+static int tokenize(const struct eng_tokenizer *t, const char *text, size_t len, bool add_bos,
+		    bool parse_special, int32_t **ids, size_t *n)
 {
 	struct ids out = { 0 };
 	struct frags fr = { 0 };
@@ -955,7 +956,8 @@ int eng_tokenize(const struct eng_tokenizer *t, const char *text, size_t len, bo
 		rc = -ENOMEM;
 		goto out;
 	}
-	rc = partition(t, text, len, &fr);
+	rc = parse_special ? partition(t, t->special_all, t->n_special_all, text, len, &fr)
+			   : partition(t, t->special, t->n_special, text, len, &fr);
 	for (size_t i = 0; !rc && i < fr.n; i++) {
 		const struct frag *f = &fr.v[i];
 
@@ -984,4 +986,16 @@ out:
 	*ids = out.v;
 	*n = out.n;
 	return 0;
+}
+
+int eng_tokenize(const struct eng_tokenizer *t, const char *text, size_t len, bool add_bos,
+		 int32_t **ids, size_t *n)
+{
+	return tokenize(t, text, len, add_bos, false, ids, n);
+}
+
+int eng_tokenize_special(const struct eng_tokenizer *t, const char *text, size_t len,
+			 bool add_bos, int32_t **ids, size_t *n)
+{
+	return tokenize(t, text, len, add_bos, true, ids, n);
 }

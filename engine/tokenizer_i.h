@@ -69,6 +69,9 @@ struct eng_tokenizer {
 	int32_t byte_tok[256];	/* SPM byte fallback, -1 if the vocabulary lacks it */
 	int32_t *special;	/* user-defined tokens cut out of text, longest first */
 	uint32_t n_special;
+	int32_t *special_all;	/* and control and unknown ones: what text that parses
+				 * specials (a chat template's) cuts out, longest first */
+	uint32_t n_special_all;
 	unsigned n_re;
 	pcre2_code *re[MAX_RE];
 	bool re_collapsed[MAX_RE];

@@ -425,6 +425,40 @@ static int cmp_special(const void *a, const void *b)
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* The tokens with text whose attributes (of user-defined, control and
+ * unknown) are exactly one of those in `kinds`, longest first; llama.cpp's
+ * std::sort leaves ties in no particular order, ids make it deterministic. */
+static int special_list(const struct eng_tokenizer *t, uint16_t kinds, int32_t **out,
+			uint32_t *n_out)
+{
+	const uint16_t mask = ATTR_USER | ATTR_CONTROL | ATTR_UNKNOWN;
+	struct special_ent *e;
+	uint32_t n = 0, k = 0;
+
+	for (uint32_t id = 0; id < t->n_vocab; id++)
+		if ((t->attr[id] & mask & kinds) && !(t->attr[id] & mask & ~kinds) && t->text[id].n)
+			n++;
+	*out = NULL;
+	*n_out = 0;
+	if (!n)
+		return 0;
+	e = malloc(n * sizeof(*e));
+	*out = malloc(n * sizeof(**out));
+	if (!e || !*out) {
+		free(e);
+		return -ENOMEM;
+	}
+	for (uint32_t id = 0; id < t->n_vocab; id++)
+		if ((t->attr[id] & mask & kinds) && !(t->attr[id] & mask & ~kinds) && t->text[id].n)
+			e[k++] = (struct special_ent){ t->text[id].n, (int32_t)id };
+	qsort(e, n, sizeof(*e), cmp_special);
+	for (k = 0; k < n; k++)
+		(*out)[k] = e[k].id;
+	free(e);
+	*n_out = n;
+	return 0;
+}
+
 /* Special ids, EOG set and attribute adjustments, in llama.cpp's order. */
 static int setup_specials(struct eng_tokenizer *t, const struct gguf *g, int32_t *sp,
 			  char *err, size_t errlen)
@@ -500,31 +534,12 @@ static int setup_specials(struct eng_tokenizer *t, const struct gguf *g, int32_t
 	if (end_id >= 0 && eog_with_text(t, "<|tool_response>") >= 0)
 		t->attr[end_id] = ATTR_NORMAL;
 
-	/* the user-defined tokens tokenize() cuts out of the text */
-	for (uint32_t id = 0; id < t->n_vocab; id++)
-		if ((t->attr[id] & (ATTR_USER | ATTR_CONTROL | ATTR_UNKNOWN)) == ATTR_USER &&
-		    t->text[id].n)
-			t->n_special++;
-	if (t->n_special) {
-		/* longest first; llama.cpp's std::sort leaves ties in no
-		 * particular order, ids make it deterministic */
-		struct special_ent *e = malloc(t->n_special * sizeof(*e));
-		uint32_t k = 0;
-
-		t->special = malloc(t->n_special * sizeof(*t->special));
-		if (!e || !t->special) {
-			free(e);
-			return tok_seterr(err, errlen, -ENOMEM, "out of memory");
-		}
-		for (uint32_t id = 0; id < t->n_vocab; id++)
-			if ((t->attr[id] & (ATTR_USER | ATTR_CONTROL | ATTR_UNKNOWN)) == ATTR_USER &&
-			    t->text[id].n)
-				e[k++] = (struct special_ent){ t->text[id].n, (int32_t)id };
-		qsort(e, t->n_special, sizeof(*e), cmp_special);
-		for (k = 0; k < t->n_special; k++)
-			t->special[k] = e[k].id;
-		free(e);
-	}
+	/* the user-defined tokens tokenize() cuts out of the text; and with
+	 * the control and unknown ones, what eng_tokenize_special does */
+	if ((rc = special_list(t, ATTR_USER, &t->special, &t->n_special)) ||
+	    (rc = special_list(t, ATTR_USER | ATTR_CONTROL | ATTR_UNKNOWN, &t->special_all,
+			       &t->n_special_all)))
+		return tok_seterr(err, errlen, rc, "out of memory");
 
 	/* per-model strip attributes, chosen by name as llama.cpp does */
 	gguf_get_str(g, "general.name", &name);
@@ -819,6 +834,7 @@ void eng_tokenizer_destroy(struct eng_tokenizer *t)
 		pcre2_code_free(t->re[i]);
 	pcre2_code_free(t->cat_re);
 	free(t->special);
+	free(t->special_all);
 	tok_map_free(&t->merges);
 	free(t->merge);
 	tok_map_free(&t->vocab);
