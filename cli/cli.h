@@ -55,7 +55,15 @@ struct opts {
 	bool lookup;
 	long draft_max, draft_min, lookup_min;
 	const char *pass_sizes; /* bench: time passes over these many positions */
-	bool seen_n, seen_p;
+	bool seen_n, seen_p, seen_temp;
+	/* serve, chat */
+	const char *chat_template; /* a family's name (template.h), overriding the GGUF's */
+	const char *host;
+	long port;
+	long n_parallel;           /* serve: sequences decoded together (-np) */
+	long queue_max;            /* serve: requests waiting beyond those; then 503 */
+	const char *api_key;       /* serve: required as "Authorization: Bearer KEY" */
+	const char *alias;         /* serve: the model's id in the API */
 };
 
 enum {
@@ -83,6 +91,13 @@ enum {
 	OPT_LOOKUP,
 	OPT_LOOKUP_MIN,
 	OPT_PASS_SIZES,
+	OPT_CHAT_TEMPLATE,
+	OPT_HOST,
+	OPT_PORT,
+	OPT_PARALLEL,
+	OPT_QUEUE,
+	OPT_API_KEY,
+	OPT_ALIAS,
 };
 
 /* Parse argv for sub-command cmd into o.  Returns 0, or EXIT_USAGE after
@@ -97,6 +112,8 @@ struct session {
 	struct pager_client *pc; /* when the pager maps the model */
 	struct eng_model *model;
 	struct eng_ctx *ctx;
+	struct eng_ctx **seqs; /* [n_seqs] with --parallel: seqs[0] is ctx */
+	unsigned n_seqs;
 	const struct eng_hparams *hp;
 	const struct eng_tokenizer *tok;
 	uint64_t own_bytes; /* the process's heap once the model is loaded */
@@ -142,7 +159,17 @@ char *read_all(FILE *f, size_t *len);
 /* The text of token id to stdout. */
 void print_piece(const struct eng_tokenizer *tok, int32_t id);
 
+/* eng_decode_multi over the session's sequences, reported to the pager as
+ * session_decode's passes are (produced: tokens the pass gave). */
+int session_decode_multi(struct session *s, struct eng_ctx *const *ctxs, const int32_t *ids,
+			 const bool *want, size_t n, float *logits, uint32_t produced);
+/* The chat template to use: --chat-template, else the GGUF's if known, else
+ * ChatML with a notice.  0 or an exit status after saying why. */
+int session_template(const struct session *s, const struct opts *o, int *kind);
+
 /* the sub-commands */
 int cmd_bench(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 #endif

@@ -37,6 +37,11 @@ const char usage_text[] =
 	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [-b BATCH] [--json]\n"
 	"           [--warmup N] [--no-hw] [--trace FILE] [SPECULATION]\n"
 	"           [--pass-sizes N,N,...]\n"
+	"  serve    -m MODEL [--host ADDR] [--port N] [-np N] [--queue N] [--api-key KEY]\n"
+	"           [--alias NAME] [--chat-template NAME] [-c CTX] [-t THREADS] [-b BATCH]\n"
+	"           (an OpenAI-compatible HTTP server: /v1/chat/completions, ...)\n"
+	"  chat     -m MODEL [--chat-template NAME] [-n N] [-c CTX] [sampling options]\n"
+	"           (a chat prompt: /reset, /exit; Ctrl-C stops an answer)\n"
 	"\n"
 	"SPECULATION (several tokens per pass of the model): --draft-model FILE (-md),\n"
 	"a small model with the same vocabulary, and/or --lookup (draft what followed\n"
@@ -46,7 +51,8 @@ const char usage_text[] =
 	"Every command also takes --pager SOCKET (default $STRATA_PAGER): map the\n"
 	"model through a running stratad instead of mmap.  run, eval and bench take\n"
 	"-ctk/--cache-type-k and -ctv/--cache-type-v TYPE (f16, q8_0, q4_0): the KV\n"
-	"cache's element types.\n"
+	"cache's element types.  --chat-template NAME (chatml, llama3, llama2, mistral,\n"
+	"gemma, phi3) overrides the template the model's file names.\n"
 	"Exit status: 0 ok, 1 usage error, 2 bad model or input.\n";
 
 int usage(const char *why)
@@ -121,6 +127,13 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "lookup", no_argument, NULL, OPT_LOOKUP },
 		{ "lookup-min", required_argument, NULL, OPT_LOOKUP_MIN },
 		{ "pass-sizes", required_argument, NULL, OPT_PASS_SIZES },
+		{ "chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE },
+		{ "host", required_argument, NULL, OPT_HOST },
+		{ "port", required_argument, NULL, OPT_PORT },
+		{ "parallel", required_argument, NULL, OPT_PARALLEL },
+		{ "queue", required_argument, NULL, OPT_QUEUE },
+		{ "api-key", required_argument, NULL, OPT_API_KEY },
+		{ "alias", required_argument, NULL, OPT_ALIAS },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -131,6 +144,10 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 
 	memset(o, 0, sizeof(*o));
 	o->n_predict = 128;
+	o->host = "127.0.0.1";
+	o->port = 8080;
+	o->n_parallel = 1;
+	o->queue_max = 16;
 	o->warmup = 1;
 	o->pager = getenv("STRATA_PAGER");
 	if (o->pager && !*o->pager)
@@ -145,6 +162,8 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			argv[i] = (char *)"--cache-type-v";
 		else if (!strcmp(argv[i], "-md"))
 			argv[i] = (char *)"--draft-model";
+		else if (!strcmp(argv[i], "-np"))
+			argv[i] = (char *)"--parallel";
 	}
 	optind = 1;
 	opterr = 0;
@@ -188,6 +207,7 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		case OPT_TEMP:
 			if (!parse_float(optarg, 0, 100, &o->samp.temp))
 				goto bad;
+			o->seen_temp = true;
 			break;
 		case OPT_TOP_K:
 			if (!parse_long(optarg, 0, INT32_MAX, &v))
@@ -272,6 +292,30 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		case OPT_KEEP:
 			if (!parse_long(optarg, -1, 1 << 20, &o->keep))
 				goto bad;
+			break;
+		case OPT_CHAT_TEMPLATE:
+			o->chat_template = optarg;
+			break;
+		case OPT_HOST:
+			o->host = optarg;
+			break;
+		case OPT_PORT:
+			if (!parse_long(optarg, 0, 65535, &o->port))
+				goto bad;
+			break;
+		case OPT_PARALLEL:
+			if (!parse_long(optarg, 1, 64, &o->n_parallel))
+				goto bad;
+			break;
+		case OPT_QUEUE:
+			if (!parse_long(optarg, 0, 4096, &o->queue_max))
+				goto bad;
+			break;
+		case OPT_API_KEY:
+			o->api_key = optarg;
+			break;
+		case OPT_ALIAS:
+			o->alias = optarg;
 			break;
 		case 'h':
 			fputs(usage_text, stdout);

@@ -9,7 +9,9 @@
  * session_open: nothing else in the engine knows where they came from.
  */
 #include "cli.h"
+#include "gguf.h"
 #include "hwbench.h"
+#include "template.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -187,6 +189,10 @@ static int size_context(struct session *s, const struct opts *o, struct eng_ctx_
 		why = weights_fit ? "the memory left after the weights"
 				  : "a quarter of the memory left (the weights do not fit)";
 	}
+	/* --parallel: as many contexts, sharing the room */
+	unsigned n_seq = o->n_parallel > 1 ? (unsigned)o->n_parallel : 1;
+
+	budget /= n_seq;
 	if (cc->n_ctx) {
 		struct eng_ctx_size sz;
 
@@ -194,6 +200,8 @@ static int size_context(struct session *s, const struct opts *o, struct eng_ctx_
 			msg("%s: %s", o->model, err);
 			return EXIT_BAD_INPUT;
 		}
+		sz.total_bytes *= n_seq;
+		sz.kv_bytes *= n_seq;
 		if (sz.total_bytes > room.bytes) {
 			msg("%s: a context of %u tokens needs %.0f MiB (KV cache %s/%s %.0f MiB), "
 			    "%.0f MiB left to this process%s: use a smaller -c, or -ctk/-ctv q8_0 or q4_0",
@@ -292,11 +300,26 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	}
 	if ((o->draft_model || o->lookup) && (rc = open_spec(s, o)))
 		return rc;
+	/* --parallel: the other sequences' contexts, alike */
+	s->n_seqs = o->n_parallel > 1 ? (unsigned)o->n_parallel : 1;
+	s->seqs = calloc(s->n_seqs, sizeof(*s->seqs));
+	if (!s->seqs) {
+		msg("out of memory");
+		return EXIT_BAD_INPUT;
+	}
+	s->seqs[0] = s->ctx;
+	cc.n_ctx = eng_ctx_n_ctx(s->ctx);
+	for (unsigned i = 1; i < s->n_seqs; i++)
+		if (eng_ctx_create(s->model, &cc, &s->seqs[i], err, sizeof(err))) {
+			msg("%s: sequence %u: %s", o->model, i, err);
+			return EXIT_BAD_INPUT;
+		}
 	/* the draft model's weights and context are this engine's memory too */
 	if (s->pc && pager_client_declare(s->pc,
-					  s->own_bytes + eng_ctx_bytes(s->ctx) + s->draft_size +
+					  s->own_bytes + s->n_seqs * eng_ctx_bytes(s->ctx) +
+						  s->draft_size +
 						  (s->draft_ctx ? eng_ctx_bytes(s->draft_ctx) : 0),
-					  eng_ctx_kv_bytes(s->ctx))) {
+					  s->n_seqs * eng_ctx_kv_bytes(s->ctx))) {
 		msg("%s: cannot talk to the pager", o->model);
 		return EXIT_BAD_INPUT;
 	}
@@ -344,6 +367,9 @@ void session_close(struct session *s)
 	eng_model_destroy(s->draft);
 	if (s->draft_base)
 		eng_unmap_file(s->draft_base, s->draft_size);
+	for (unsigned i = 1; s->seqs && i < s->n_seqs; i++)
+		eng_ctx_destroy(s->seqs[i]);
+	free(s->seqs);
 	eng_ctx_destroy(s->ctx);
 	eng_model_destroy(s->model);
 	if (s->pc)
@@ -401,6 +427,56 @@ int session_decode(struct session *s, const int32_t *ids, size_t n, float *logit
 	}
 	if (t1 - s->pass_since >= 0.1)
 		session_report(s);
+	return 0;
+}
+
+int session_decode_multi(struct session *s, struct eng_ctx *const *ctxs, const int32_t *ids,
+			 const bool *want, size_t n, float *logits, uint32_t produced)
+{
+	double t0 = s->pc ? now_s() : 0;
+	int rc = eng_decode_multi(ctxs, ids, want, n, logits);
+
+	if (rc || !s->pc)
+		return rc;
+	double t1 = now_s();
+
+	if (!s->pass_open) {
+		s->pass_open = true;
+		s->pass_since = t0;
+	}
+	s->pass_all++;
+	s->pass_produced += produced;
+	if (t1 - s->pass_since >= 0.1)
+		session_report(s);
+	return 0;
+}
+
+int session_template(const struct session *s, const struct opts *o, int *kind)
+{
+	struct gguf_str src;
+	enum tmpl_kind k;
+
+	if (o->chat_template) {
+		if (tmpl_parse(o->chat_template, &k)) {
+			msg("unknown chat template '%s' (%s)", o->chat_template, tmpl_names());
+			return EXIT_USAGE;
+		}
+	} else if (gguf_get_str(eng_model_gguf(s->model), "tokenizer.chat_template", &src)) {
+		msg("%s has no chat template: using chatml (--chat-template NAME to choose)",
+		    o->model);
+		k = TMPL_CHATML;
+	} else {
+		char *text = strndup(src.ptr, src.len);
+
+		if (!text || tmpl_detect(text, &k)) {
+			msg("%s: its chat template is none strata knows: using chatml "
+			    "(--chat-template NAME to choose: %s)",
+			    o->model, tmpl_names());
+			k = TMPL_CHATML;
+		}
+		free(text);
+	}
+	*kind = (int)k;
 	return 0;
 }
 

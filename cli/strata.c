@@ -312,6 +312,7 @@ int main(int argc, char **argv)
 		{ "eval", cmd_eval },
 		{ "tokenize", cmd_tokenize },
 		{ "bench", cmd_bench },
+		{ "serve", cmd_serve },
 	};
 
 	if (argc < 2)
