@@ -313,6 +313,7 @@ int main(int argc, char **argv)
 		{ "tokenize", cmd_tokenize },
 		{ "bench", cmd_bench },
 		{ "serve", cmd_serve },
+		{ "chat", cmd_chat },
 	};
 
 	if (argc < 2)
