@@ -31,6 +31,8 @@
 #include <json-c/json.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1073,6 +1075,23 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	*con_cls = NULL;
 }
 
+/* Each streamed event goes out as it is made: without TCP_NODELAY a small
+ * write waits for the peer's (delayed) ACK of the one before, ~40 ms. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+			  enum MHD_ConnectionNotificationCode code)
+{
+	const union MHD_ConnectionInfo *ci;
+	int one = 1;
+
+	(void)cls;
+	(void)socket_context;
+	if (code != MHD_CONNECTION_NOTIFY_STARTED)
+		return;
+	ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+	if (ci)
+		setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
 /* ---- the command --------------------------------------------------------------- */
 
 static void special_text(const struct eng_tokenizer *t, int32_t id, char *buf, size_t n)
@@ -1144,6 +1163,7 @@ int cmd_serve(int argc, char **argv)
 				     (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
 			     (uint16_t)v.o.port, NULL, NULL, handler, &v,
 			     MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+			     MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
 			     MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNECTIONS,
 			     MHD_OPTION_CONNECTION_TIMEOUT, 600u,
 			     MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
