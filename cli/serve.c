@@ -470,6 +470,55 @@ static json_object *envelope(const struct srv *v, const struct req *r, json_obje
 	return o;
 }
 
+/* The length of the valid UTF-8 character at s (n bytes left), 0 if none
+ * starts there. */
+static size_t utf8_char(const unsigned char *s, size_t n)
+{
+	size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : s[0] >= 0xe0 && s[0] <= 0xef ? 3
+		     : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+
+	if (!len || len > n)
+		return 0;
+	for (size_t i = 1; i < len; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	/* overlong forms, surrogates, beyond U+10FFFF */
+	if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] > 0x9f) ||
+	    (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] > 0x8f))
+		return 0;
+	return len;
+}
+
+/* A JSON string of n bytes of generated text: a model can emit bytes that
+ * are no UTF-8 (byte tokens of a broken sequence); each becomes U+FFFD, as
+ * JSON must be UTF-8. */
+static json_object *json_text(const char *text, size_t n)
+{
+	const unsigned char *s = (const unsigned char *)text;
+	char *out = malloc(3 * n + 1);
+	size_t o = 0;
+	json_object *j;
+
+	if (!out)
+		return json_object_new_string("");
+	for (size_t i = 0; i < n;) {
+		size_t l = utf8_char(s + i, n - i);
+
+		if (l) {
+			memcpy(out + o, s + i, l);
+			o += l;
+			i += l;
+		} else {
+			memcpy(out + o, "\xef\xbf\xbd", 3);
+			o += 3;
+			i++;
+		}
+	}
+	j = json_object_new_string_len(out, (int)o);
+	free(out);
+	return j;
+}
+
 /* One choice: text (a delta when streaming), finish reason or null. */
 static json_object *choice_obj(const struct req *r, const char *text, size_t n, bool delta,
 			       bool role, const char *finish)
@@ -483,11 +532,10 @@ static json_object *choice_obj(const struct req *r, const char *text, size_t n, 
 		if (role || !delta)
 			json_object_object_add(m, "role", json_object_new_string("assistant"));
 		if (text)
-			json_object_object_add(m, "content", json_object_new_string_len(text, (int)n));
+			json_object_object_add(m, "content", json_text(text, n));
 		json_object_object_add(c, delta ? "delta" : "message", m);
 	} else {
-		json_object_object_add(c, "text", json_object_new_string_len(text ? text : "",
-									      text ? (int)n : 0));
+		json_object_object_add(c, "text", json_text(text ? text : "", text ? n : 0));
 		json_object_object_add(c, "logprobs", NULL);
 	}
 	json_object_object_add(c, "finish_reason", finish ? json_object_new_string(finish) : NULL);
