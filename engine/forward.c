@@ -112,7 +112,7 @@ static void ctx_alloc(struct eng_ctx *c)
 	const struct eng_model *m = c->m;
 	const struct eng_hparams *hp = &m->hp;
 	unsigned nth = c->n_threads;
-	size_t max_in;
+	size_t max_in, n_ff;
 
 	/* only attention layers hold KV cache, a sliding-window layer a ring
 	 * of its window (kv_slots); a hybrid's recurrent layers hold a small
@@ -168,8 +168,20 @@ static void ctx_alloc(struct eng_ctx *c)
 	}
 	c->kb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
 	c->vb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
-	c->hb = xcalloc(c, (size_t)c->n_batch * hp->n_ff, sizeof(float));
-	c->hb2 = xcalloc(c, (size_t)c->n_batch * hp->n_ff, sizeof(float));
+	n_ff = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+	c->hb = xcalloc(c, (size_t)c->n_batch * n_ff, sizeof(float));
+	c->hb2 = xcalloc(c, (size_t)c->n_batch * n_ff, sizeof(float));
+	if (hp->n_expert) {
+		size_t nk = (size_t)c->n_batch * hp->n_expert_used;
+
+		c->moe_probs = xcalloc(c, (size_t)c->n_batch * hp->n_expert, sizeof(float));
+		c->moe_sel = xcalloc(c, nk, sizeof(uint32_t));
+		c->moe_w = xcalloc(c, nk, sizeof(float));
+		c->moe_rows = xcalloc(c, nk, sizeof(uint32_t));
+		c->moe_first = xcalloc(c, (size_t)hp->n_expert + 1, sizeof(uint32_t));
+		c->moe_out = xcalloc(c, nk * hp->n_embd, sizeof(float));
+		c->moe_y = xcalloc(c, (size_t)c->n_batch * hp->n_embd, sizeof(float));
+	}
 	c->att = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(float));
 	c->vrow = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(float));
 	c->vacc = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(double));
@@ -182,7 +194,7 @@ static void ctx_alloc(struct eng_ctx *c)
 	/* Widest quantized activation row: any matmul input, in any vec_dot
 	 * format (F32 rows are the largest: 4 bytes per element; a Q8_0 row
 	 * and its pack8 copy after it take 2.3 and up to 63 of alignment). */
-	max_in = max_in > hp->n_ff ? max_in : hp->n_ff;
+	max_in = max_in > n_ff ? max_in : n_ff;
 	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
 	c->qact = xcalloc(c, (size_t)c->n_batch, c->qact_stride);
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
@@ -286,6 +298,13 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->vb);
 	free(c->hb);
 	free(c->hb2);
+	free(c->moe_probs);
+	free(c->moe_sel);
+	free(c->moe_w);
+	free(c->moe_rows);
+	free(c->moe_first);
+	free(c->moe_out);
+	free(c->moe_y);
 	free(c->att);
 	free(c->vrow);
 	free(c->vacc);
@@ -566,6 +585,143 @@ static void ffn_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	add(c->x, c->xb, (size_t)nb * E);
 }
 
+/* Expert e's matrix of a layer's 3-D expert tensor w: ne1 rows, e * ne1
+ * rows after expert 0's.  Nothing is copied. */
+static struct wt expert_w(const struct wt *w, uint32_t e)
+{
+	struct wt x = *w;
+
+	x.data = w->data + (size_t)e * w->ne1 * w->row_bytes;
+	return x;
+}
+
+/* The router's choice for one token: softmax over the n experts' logits p
+ * (in place, as the reference: exp of the difference to the max, the sum
+ * in double), the k most probable (ties to the lower index) into sel in
+ * falling order, their probabilities renormalized to sum 1 into wsel. */
+static void route(float *p, uint32_t n, uint32_t k, uint32_t *sel, float *wsel)
+{
+	float mx = p[0];
+	double sum = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		mx = p[i] > mx ? p[i] : mx;
+	for (uint32_t i = 0; i < n; i++) {
+		p[i] = expf(p[i] - mx);
+		sum += (double)p[i];
+	}
+	for (uint32_t i = 0; i < n; i++)
+		p[i] *= (float)(1.0 / sum);
+	sum = 0;
+	for (uint32_t j = 0; j < k; j++) {
+		uint32_t best = UINT32_MAX;
+
+		/* k is small (8 of 128): a scan per pick, skipping those taken */
+		for (uint32_t i = 0; i < n; i++) {
+			bool taken = false;
+
+			for (uint32_t t = 0; t < j && !taken; t++)
+				taken = sel[t] == i;
+			if (!taken && (best == UINT32_MAX || p[i] > p[best]))
+				best = i;
+		}
+		sel[j] = best;
+		wsel[j] = p[best];
+		sum += (double)p[best];
+	}
+	for (uint32_t j = 0; j < k; j++)
+		wsel[j] /= (float)sum;
+}
+
+/*
+ * x += moe(rmsnorm(x)): the router picks k experts per token; the batch's
+ * (token, slot) pairs are grouped by expert so that each picked expert's
+ * matrices are read once per batch, for all the tokens that chose it.
+ *
+ *   xb        = rmsnorm(x) * ffn_norm                 [B][E]
+ *   probs     = softmax(xb @ Wgate_inp)                [B][n_expert]
+ *   sel, w    = top-k(probs), renormalized             [B][k]
+ *   per expert e, its n_e pairs gathered into xb2      [n_e][E]
+ *     y       = silu(xb2 @ Wgate_e) * (xb2 @ Wup_e) @ Wdown_e
+ *     out[b][slot] = y * w[b][slot]                    [B][k][E]
+ *   x[b]     += out[b][0] + out[b][1] + ...            (slot order, as the
+ *                                                       reference sums them)
+ */
+static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct layer_w *w = &c->m->layers[l];
+	uint32_t E = hp->n_embd, F = hp->n_ff_exp, N = hp->n_expert, K = hp->n_expert_used;
+	uint32_t *first = c->moe_first;
+
+	rmsnorm_rows(c->xb, c->x, &w->ffn_norm, nb, E, hp->norm_eps);
+	matmul1(c, &w->gate_inp, c->moe_probs, c->xb, nb);
+	memset(first, 0, ((size_t)N + 1) * sizeof(*first));
+	for (uint32_t b = 0; b < nb; b++) {
+		uint32_t *sel = c->moe_sel + (size_t)b * K;
+
+		route(c->moe_probs + (size_t)b * N, N, K, sel, c->moe_w + (size_t)b * K);
+		for (uint32_t j = 0; j < K; j++)
+			first[sel[j] + 1]++;
+	}
+	/* a counting sort of the pairs b * K + slot by expert, tokens in order:
+	 * expert e's are moe_rows[first[e] .. first[e + 1]) */
+	for (uint32_t e = 0; e < N; e++)
+		first[e + 1] += first[e];
+	for (uint32_t i = 0; i < nb * K; i++)
+		c->moe_rows[first[c->moe_sel[i]]++] = i;
+	for (uint32_t e = N; e > 0; e--)
+		first[e] = first[e - 1];
+	first[0] = 0;
+
+	for (uint32_t e = 0; e < N; e++) {
+		uint32_t n = first[e + 1] - first[e];
+		const uint32_t *rows = c->moe_rows + first[e];
+		struct wt gate, up, down;
+
+		if (!n)
+			continue;
+		gate = expert_w(&w->gate_exps, e);
+		up = expert_w(&w->up_exps, e);
+		down = expert_w(&w->down_exps, e);
+		for (uint32_t i = 0; i < n; i++)
+			memcpy(c->xb2 + (size_t)i * E, c->xb + (size_t)(rows[i] / K) * E,
+			       E * sizeof(float));
+		{
+			const struct wt *ws[2] = { &gate, &up };
+			float *outs[2] = { c->hb, c->hb2 };
+
+			matmul_shared(c, 2, ws, outs, c->xb2, n);
+		}
+		for (size_t i = 0; i < (size_t)n * F; i++) {
+			float g = c->hb[i];
+
+			c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
+		}
+		matmul1(c, &down, c->moe_y, c->hb, n);
+		for (uint32_t i = 0; i < n; i++) {
+			float *out = c->moe_out + (size_t)rows[i] * E;
+			const float *y = c->moe_y + (size_t)i * E;
+			float pw = c->moe_w[rows[i]];
+
+			for (uint32_t d = 0; d < E; d++)
+				out[d] = y[d] * pw;
+		}
+	}
+	for (uint32_t b = 0; b < nb; b++) {
+		float *x = c->x + (size_t)b * E;
+		const float *out = c->moe_out + (size_t)b * K * E;
+
+		for (uint32_t d = 0; d < E; d++) {
+			float sum = out[d];
+
+			for (uint32_t j = 1; j < K; j++)
+				sum += out[(size_t)j * E + d];
+			x[d] += sum;
+		}
+	}
+}
+
 /* x += deltanet(rmsnorm(x)): a hybrid's recurrent token mixer */
 static void deltanet_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
@@ -582,7 +738,10 @@ static void layer_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		deltanet_block(c, l, nb);
 	else
 		attention_block(c, l, nb);
-	ffn_block(c, l, nb);
+	if (c->m->arch->moe)
+		moe_block(c, l, nb);
+	else
+		ffn_block(c, l, nb);
 }
 
 /* This thread's CPU time: what a layer costs it, whatever else ran on its

@@ -15,6 +15,7 @@
  *     x   += post_attn_norm ? rmsnorm(mix) * post_attn_norm : mix
  *     xb   = rmsnorm(x) * ffn_norm
  *     f    = act(xb @ Wgate) * (xb @ Wup) @ Wdown
+ *            or, a mixture of experts, the same per routed expert, weighted
  *     x   += post_ffn_norm ? rmsnorm(f) * post_ffn_norm : f
  *   logits = rmsnorm(x) * output_norm @ Woutput (soft-capped)
  */
@@ -76,12 +77,18 @@ struct arch_desc {
 	bool gated_q;       /* attn_q holds q | gate per head; out *= sigmoid(gate) */
 	const char *ffn_norm; /* the pre-FFN norm's name: "ffn_norm" unless said */
 	bool hybrid;        /* Gated DeltaNet layers between attention layers (qwen35) */
+	bool moe;           /* the FFN is routed experts (qwen3moe): ffn_gate_inp and the
+			     * 3-D ffn_{gate,up,down}_exps instead of ffn_{gate,up,down} */
 };
 
 /* Per layer.  Tensors an architecture does not have stay zero. */
 struct layer_w {
 	struct wt attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm;
 	struct wt ffn_norm, gate, up, down, post_ffn_norm;
+	/* Mixture of experts: the router ([n_embd] -> [n_expert]) and the
+	 * experts' matrices, bound as expert 0's; expert e's is the same shape
+	 * e * ne1 rows further on (expert_w) */
+	struct wt gate_inp, gate_exps, up_exps, down_exps;
 	/* Gated DeltaNet (recurrent layers of a hybrid) */
 	struct wt ssm_qkv, ssm_gate, ssm_conv, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm,
 		ssm_out;
@@ -128,7 +135,15 @@ struct eng_ctx {
 	float *x, *xb, *xb2;         /* [n_batch][max(n_embd, q_dim, ...)] */
 	float *q, *kb, *vb;          /* [n_batch][q_dim (x2 gated)], [n_batch][kv_dim] x2 */
 	float *qgate;                /* [n_batch][q_dim] a gated q's gate */
-	float *hb, *hb2;             /* [n_batch][n_ff] */
+	float *hb, *hb2;             /* [n_batch][max(n_ff, n_ff_exp)] */
+	/* mixture of experts (forward.c, moe_block) */
+	float *moe_probs;            /* [n_batch][n_expert] router output */
+	uint32_t *moe_sel;           /* [n_batch][n_expert_used] the experts picked */
+	float *moe_w;                /* [n_batch][n_expert_used] their weights */
+	uint32_t *moe_rows;          /* [n_batch * n_expert_used] pairs b * k + slot by expert */
+	uint32_t *moe_first;         /* [n_expert + 1] each expert's run in moe_rows */
+	float *moe_out;              /* [n_batch][n_expert_used][n_embd] weighted outputs */
+	float *moe_y;                /* [n_batch][n_embd] one expert's output */
 	float *att;                  /* [n_threads][n_ctx] scores */
 	float *vrow;                 /* [n_threads][head_dim] a cache slice as floats */
 	double *vacc;                /* [n_threads][head_dim] weighted-sum accumulators */
