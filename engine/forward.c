@@ -168,7 +168,8 @@ static void ctx_alloc(struct eng_ctx *c)
 	}
 	c->kb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
 	c->vb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
-	n_ff = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+	/* a mixture's feed_forward_length is not a matrix it has */
+	n_ff = m->arch->moe ? hp->n_ff_exp : hp->n_ff;
 	c->hb = xcalloc(c, (size_t)c->n_batch * n_ff, sizeof(float));
 	c->hb2 = xcalloc(c, (size_t)c->n_batch * n_ff, sizeof(float));
 	if (hp->n_expert) {

@@ -135,7 +135,7 @@ struct eng_ctx {
 	float *x, *xb, *xb2;         /* [n_batch][max(n_embd, q_dim, ...)] */
 	float *q, *kb, *vb;          /* [n_batch][q_dim (x2 gated)], [n_batch][kv_dim] x2 */
 	float *qgate;                /* [n_batch][q_dim] a gated q's gate */
-	float *hb, *hb2;             /* [n_batch][max(n_ff, n_ff_exp)] */
+	float *hb, *hb2;             /* [n_batch][n_ff], a mixture's [n_batch][n_ff_exp] */
 	/* mixture of experts (forward.c, moe_block) */
 	float *moe_probs;            /* [n_batch][n_expert] router output */
 	uint32_t *moe_sel;           /* [n_batch][n_expert_used] the experts picked */
