@@ -56,6 +56,7 @@
 #define MIN_VOCAB 259                 /* 3 specials + 256 byte tokens */
 #define MAX_VOCAB (4u << 20)
 #define MAX_CTX (16u << 20)
+#define MAX_EXPERTS 512               /* the engine's (and the reference's) limit */
 
 /* Every random weight aims at this standard deviation (GPT-2's init): with
  * RMS-normalised inputs a matmul output then has std 0.02 * sqrt(row length),
@@ -1162,7 +1163,7 @@ err_free:
 static const char usage_text[] =
 	"usage: strata-mkmodel --shape NAME --type TYPE -o OUT.gguf [--seed S]\n"
 	"                      [--layers N] [--vocab N] [--ctx N] [--out-gain G]\n"
-	"                      [--router-skew S]\n"
+	"                      [--router-skew S] [--experts N]\n"
 	"       strata-mkmodel --list [--shape NAME] [--layers N] [--vocab N] [--ctx N]\n"
 	"\n"
 	"Writes a GGUF v3 llama model of a real shape with random weights, for\n"
@@ -1176,7 +1177,8 @@ static const char usage_text[] =
 	"target/draft pair for speculative decoding whose acceptance G sets.\n"
 	"--router-skew S (mixture-of-experts shapes) scales router row e by\n"
 	"exp(-S e / experts), so the first experts are picked more often; random\n"
-	"routers (S 0) pick nearly uniformly, a cache's worst case.\n"
+	"routers (S 0) do not route as trained ones do (docs/mkmodel.md).\n"
+	"--experts N overrides a mixture's expert count (at least the number used).\n"
 	"\n"
 	"Exit status: 0 ok, 1 usage error, 2 the model could not be written.\n";
 
@@ -1230,6 +1232,8 @@ static int list_shapes(const struct shape *only, const struct shape *ov)
 			s.n_vocab = ov->n_vocab;
 		if (ov->n_ctx)
 			s.n_ctx = ov->n_ctx;
+		if (ov->n_expert && s.n_expert)
+			s.n_expert = ov->n_expert;
 		for (size_t j = 0; j < N_MIXES; j++) {
 			struct plan p;
 
@@ -1261,6 +1265,7 @@ int main(int argc, char **argv)
 		{ "ctx", required_argument, NULL, 'C' },
 		{ "out-gain", required_argument, NULL, 'G' },
 		{ "router-skew", required_argument, NULL, 'R' },
+		{ "experts", required_argument, NULL, 'E' },
 		{ "list", no_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -1339,6 +1344,11 @@ int main(int argc, char **argv)
 				return usage("--out-gain needs a number from 0 to 100");
 			break;
 		}
+		case 'E':
+			if (!parse_u64(optarg, 1, MAX_EXPERTS, &v))
+				return usage("--experts needs a number from 1 to 512");
+			ov.n_expert = (uint32_t)v;
+			break;
 		case 'R': {
 			char *end;
 
@@ -1371,8 +1381,15 @@ int main(int argc, char **argv)
 	}
 	if (!shape || !mix || !out)
 		return usage("--shape, --type and -o are required");
-	if (router_skew > 0 && !shape->n_expert)
-		return usage("--router-skew is for a mixture-of-experts shape");
+	if ((router_skew > 0 || ov.n_expert) && !shape->n_expert)
+		return usage("--router-skew and --experts are for a mixture-of-experts shape");
+	if (ov.n_expert && ov.n_expert < shape->n_expert_used) {
+		char why[96];
+
+		snprintf(why, sizeof(why), "--experts %u is fewer than the %u a token uses",
+			 ov.n_expert, shape->n_expert_used);
+		return usage(why);
+	}
 
 	s = *shape;
 	if (ov.n_layer)
@@ -1381,6 +1398,8 @@ int main(int argc, char **argv)
 		s.n_vocab = ov.n_vocab;
 	if (ov.n_ctx)
 		s.n_ctx = ov.n_ctx;
+	if (ov.n_expert)
+		s.n_expert = ov.n_expert;
 	if (plan_create(&p, &s, mix, router_skew))
 		return EXIT_FAIL;
 	rc = write_model(&p, out, seed, out_gain);
