@@ -170,18 +170,23 @@ static void ctx_alloc(struct eng_ctx *c)
 	c->vb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
 	/* a mixture's feed_forward_length is not a matrix it has */
 	n_ff = m->arch->moe ? hp->n_ff_exp : hp->n_ff;
-	c->hb = xcalloc(c, (size_t)c->n_batch * n_ff, sizeof(float));
-	c->hb2 = xcalloc(c, (size_t)c->n_batch * n_ff, sizeof(float));
-	if (hp->n_expert) {
-		size_t nk = (size_t)c->n_batch * hp->n_expert_used;
+	/* a mixture's rows are pairs: a token and one of its k experts */
+	c->qact_rows = c->n_batch * (m->arch->moe ? hp->n_expert_used : 1);
+	c->hb = xcalloc(c, (size_t)c->qact_rows * n_ff, sizeof(float));
+	c->hb2 = xcalloc(c, (size_t)c->qact_rows * n_ff, sizeof(float));
+	if (m->arch->moe) {
+		size_t nk = c->qact_rows;
 
 		c->moe_probs = xcalloc(c, (size_t)c->n_batch * hp->n_expert, sizeof(float));
 		c->moe_sel = xcalloc(c, nk, sizeof(uint32_t));
 		c->moe_w = xcalloc(c, nk, sizeof(float));
 		c->moe_rows = xcalloc(c, nk, sizeof(uint32_t));
+		c->moe_pos = xcalloc(c, nk, sizeof(uint32_t));
 		c->moe_first = xcalloc(c, (size_t)hp->n_expert + 1, sizeof(uint32_t));
-		c->moe_out = xcalloc(c, nk * hp->n_embd, sizeof(float));
-		c->moe_y = xcalloc(c, (size_t)c->n_batch * hp->n_embd, sizeof(float));
+		c->moe_parts = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct mm_part));
+		c->moe_slice = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct wt));
+		c->moe_in = xcalloc(c, nk * hp->n_embd, sizeof(float));
+		c->moe_y = xcalloc(c, nk * hp->n_embd, sizeof(float));
 	}
 	c->att = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(float));
 	c->vrow = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(float));
@@ -197,7 +202,7 @@ static void ctx_alloc(struct eng_ctx *c)
 	 * and its pack8 copy after it take 2.3 and up to 63 of alignment). */
 	max_in = max_in > n_ff ? max_in : n_ff;
 	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
-	c->qact = xcalloc(c, (size_t)c->n_batch, c->qact_stride);
+	c->qact = xcalloc(c, (size_t)c->qact_rows, c->qact_stride);
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
 }
 
@@ -303,8 +308,11 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->moe_sel);
 	free(c->moe_w);
 	free(c->moe_rows);
+	free(c->moe_pos);
 	free(c->moe_first);
-	free(c->moe_out);
+	free(c->moe_parts);
+	free(c->moe_slice);
+	free(c->moe_in);
 	free(c->moe_y);
 	free(c->att);
 	free(c->vrow);
@@ -636,24 +644,28 @@ static void route(float *p, uint32_t n, uint32_t k, uint32_t *sel, float *wsel)
 
 /*
  * x += moe(rmsnorm(x)): the router picks k experts per token; the batch's
- * (token, slot) pairs are grouped by expert so that each picked expert's
- * matrices are read once per batch, for all the tokens that chose it.
+ * (token, slot) pairs are sorted by expert, and each matmul runs every
+ * picked expert over the rows of its pairs in one pass of the pool, so each
+ * picked expert's matrices are read once per batch, for all the tokens that
+ * chose it.
  *
  *   xb        = rmsnorm(x) * ffn_norm                 [B][E]
  *   probs     = softmax(xb @ Wgate_inp)                [B][n_expert]
  *   sel, w    = top-k(probs), renormalized             [B][k]
- *   per expert e, its n_e pairs gathered into xb2      [n_e][E]
- *     y       = silu(xb2 @ Wgate_e) * (xb2 @ Wup_e) @ Wdown_e
- *     out[b][slot] = y * w[b][slot]                    [B][k][E]
- *   x[b]     += out[b][0] + out[b][1] + ...            (slot order, as the
- *                                                       reference sums them)
+ *   in        = xb of each pair, sorted by expert      [B*k][E]
+ *   h         = silu(in @ Wgate_e) * (in @ Wup_e)      [B*k][F]   each row by its expert e
+ *   y         = h @ Wdown_e                            [B*k][E]
+ *   x[b]     += y[b,0] * w[b][0] + y[b,1] * w[b][1] + ...   (slot order, as the
+ *                                                            reference sums them)
  */
 static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
 	const struct layer_w *w = &c->m->layers[l];
 	uint32_t E = hp->n_embd, F = hp->n_ff_exp, N = hp->n_expert, K = hp->n_expert_used;
-	uint32_t *first = c->moe_first;
+	uint32_t *first = c->moe_first, np = nb * K;
+	struct mm_part *parts = c->moe_parts;
+	unsigned n = 0;
 
 	rmsnorm_rows(c->xb, c->x, &w->ffn_norm, nb, E, hp->norm_eps);
 	matmul1(c, &w->gate_inp, c->moe_probs, c->xb, nb);
@@ -665,59 +677,76 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		for (uint32_t j = 0; j < K; j++)
 			first[sel[j] + 1]++;
 	}
-	/* a counting sort of the pairs b * K + slot by expert, tokens in order:
-	 * expert e's are moe_rows[first[e] .. first[e + 1]) */
+	/* a counting sort of the pairs by expert, tokens in order: expert e's
+	 * are moe_rows[first[e] .. first[e + 1]) */
 	for (uint32_t e = 0; e < N; e++)
 		first[e + 1] += first[e];
-	for (uint32_t i = 0; i < nb * K; i++)
-		c->moe_rows[first[c->moe_sel[i]]++] = i;
+	for (uint32_t i = 0; i < np; i++) {
+		uint32_t at = first[c->moe_sel[i]]++;
+
+		c->moe_rows[at] = i;
+		c->moe_pos[i] = at;
+	}
 	for (uint32_t e = N; e > 0; e--)
 		first[e] = first[e - 1];
 	first[0] = 0;
+	for (uint32_t i = 0; i < np; i++)
+		memcpy(c->moe_in + (size_t)i * E, c->xb + (size_t)(c->moe_rows[i] / K) * E,
+		       E * sizeof(float));
 
+	/* gate and up of every picked expert in one pass, if their weights take
+	 * the same activations (else one pass each): gates at parts[0, n), ups
+	 * at parts[N, N + n) */
 	for (uint32_t e = 0; e < N; e++) {
-		uint32_t n = first[e + 1] - first[e];
-		const uint32_t *rows = c->moe_rows + first[e];
-		struct wt gate, up, down;
+		uint32_t r0 = first[e], ne = first[e + 1] - first[e];
 
-		if (!n)
+		if (!ne)
 			continue;
-		gate = expert_w(&w->gate_exps, e);
-		up = expert_w(&w->up_exps, e);
-		down = expert_w(&w->down_exps, e);
-		for (uint32_t i = 0; i < n; i++)
-			memcpy(c->xb2 + (size_t)i * E, c->xb + (size_t)(rows[i] / K) * E,
-			       E * sizeof(float));
-		{
-			const struct wt *ws[2] = { &gate, &up };
-			float *outs[2] = { c->hb, c->hb2 };
-
-			matmul_shared(c, 2, ws, outs, c->xb2, n);
-		}
-		for (size_t i = 0; i < (size_t)n * F; i++) {
-			float g = c->hb[i];
-
-			c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
-		}
-		matmul1(c, &down, c->moe_y, c->hb, n);
-		for (uint32_t i = 0; i < n; i++) {
-			float *out = c->moe_out + (size_t)rows[i] * E;
-			const float *y = c->moe_y + (size_t)i * E;
-			float pw = c->moe_w[rows[i]];
-
-			for (uint32_t d = 0; d < E; d++)
-				out[d] = y[d] * pw;
-		}
+		c->moe_slice[n] = expert_w(&w->gate_exps, e);
+		c->moe_slice[N + n] = expert_w(&w->up_exps, e);
+		parts[n] = (struct mm_part){ &c->moe_slice[n], c->hb + (size_t)r0 * F, r0, ne, 0 };
+		parts[N + n] = (struct mm_part){ &c->moe_slice[N + n], c->hb2 + (size_t)r0 * F, r0,
+						 ne, 0 };
+		n++;
 	}
+	if (eng_type_info(w->gate_exps.type)->vec_dot_type ==
+		    eng_type_info(w->up_exps.type)->vec_dot_type &&
+	    c->k->pack8[w->gate_exps.type] == c->k->pack8[w->up_exps.type]) {
+		memmove(parts + n, parts + N, n * sizeof(*parts));
+		matmul_parts(c, 2 * n, parts, c->moe_in, np);
+	} else {
+		matmul_parts(c, n, parts, c->moe_in, np);
+		matmul_parts(c, n, parts + N, c->moe_in, np);
+	}
+	for (size_t i = 0; i < (size_t)np * F; i++) {
+		float g = c->hb[i];
+
+		c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
+	}
+
+	n = 0;
+	for (uint32_t e = 0; e < N; e++) {
+		uint32_t r0 = first[e], ne = first[e + 1] - first[e];
+
+		if (!ne)
+			continue;
+		c->moe_slice[n] = expert_w(&w->down_exps, e);
+		parts[n] = (struct mm_part){ &c->moe_slice[n], c->moe_y + (size_t)r0 * E, r0, ne,
+					     0 };
+		n++;
+	}
+	matmul_parts(c, n, parts, c->hb, np);
+
 	for (uint32_t b = 0; b < nb; b++) {
 		float *x = c->x + (size_t)b * E;
-		const float *out = c->moe_out + (size_t)b * K * E;
+		const uint32_t *pos = c->moe_pos + (size_t)b * K;
+		const float *wb = c->moe_w + (size_t)b * K;
 
 		for (uint32_t d = 0; d < E; d++) {
-			float sum = out[d];
+			float sum = c->moe_y[(size_t)pos[0] * E + d] * wb[0];
 
 			for (uint32_t j = 1; j < K; j++)
-				sum += out[(size_t)j * E + d];
+				sum += c->moe_y[(size_t)pos[j] * E + d] * wb[j];
 			x[d] += sum;
 		}
 	}
