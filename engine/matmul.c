@@ -6,8 +6,11 @@
  * vec_dot_type (quant.h), packed if the kernel set wants, and the weight rows
  * are shared out in chunks; each row goes through the kernel set's vec_dot16,
  * vec_dot8 or vec_dot, which give bit-identical results, so how rows are
- * grouped never changes a logit.  Nothing is allocated here: the converted
- * activations live in the context (qact).
+ * grouped never changes a logit.  A pass can also run many weights over
+ * their own rows of one input (matmul_parts: a mixture's experts, each over
+ * its tokens), so a layer's experts cost one wake-up of the pool, not one
+ * each.  Nothing is allocated here: the converted activations live in the
+ * context (qact).
  */
 #include "model_i.h"
 
