@@ -37,6 +37,7 @@ static const char *const models[] = {
 	"models/tiny-llama-q8_0",    "models/tiny-qwen2-q4_k_m", "arch/models/tiny-qwen3-q4_k_m",
 	"arch/models/tiny-gemma2-q4_k_m", "arch/models/tiny-gemma3-q8_0",
 	"arch/models/tiny-phi3-q4_k_m",   "arch/models/tiny-qwen35-q4_k_m",
+	"arch/models/tiny-qwen3moe-q4_k_m",
 };
 
 static const uint32_t n_prompt[N_SEQ] = { 5, 9, 2 };
