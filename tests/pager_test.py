@@ -514,8 +514,12 @@ def case_accounting():
           "budget less it", all(v[0] == v[1] and v[2] == budget - v[1] for v in seen.values()),
           str([v[:4] for v in seen.values()]))
     kv = 12 * 2 * 4 * 64 * 2
-    check("accounting: the KV cache is counted (1792 more tokens of context declare at "
-          "least 1792 tokens of KV cache more)", big[0] - small[0] >= (2048 - 256) * kv,
+    # The rest of a declaration is the process's measured anonymous memory,
+    # which differs between two runs by some KiB (seen: 20): the KV cache's
+    # 21 MiB must show, less a MiB of that noise.
+    check("accounting: the KV cache is counted (1792 more tokens of context declare "
+          "1792 tokens of KV cache more, within 1 MiB)",
+          big[0] - small[0] >= (2048 - 256) * kv - (1 << 20),
           f"{small[0]} and {big[0]}")
     check("accounting: the declared memory takes layers from the plan",
           big[3] <= small[3] < idle, f"idle {idle}, {small[3]}, {big[3]}")
