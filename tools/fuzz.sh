@@ -9,7 +9,7 @@
 # inputs the run finds go to that dir (corpus/HARNESS), not into the tree;
 # findings to findings/HARNESS-*.  Add a finding to tests/fuzz/corpus/HARNESS/
 # (named regress-*) once its bug is fixed: every run replays the corpus first.
-# The whole log is in logs/HARNESS.log.
+# The whole log is in logs/HARNESS-SECONDSs.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 2 ] || ! [[ $2 =~ ^[0-9]+$ ]] || ! [ -f "tests/fuzz/$1.c" ]; then
@@ -38,7 +38,7 @@ fi
 # the harnesses only (not the whole project); flock: the suite may build two at once
 flock "$bdir/.fuzz-build.lock" ninja -C "$bdir" "tests/fuzz/$h" >/dev/null
 mkdir -p "$bdir/corpus/$h" "$bdir/findings" "$bdir/logs"
-log=$bdir/logs/$h.log
+log=$bdir/logs/$h-${secs}s.log
 export STRATA_FIXTURES=${STRATA_FIXTURES:-$PWD/../shared/fixtures}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
