@@ -177,6 +177,12 @@ static void on_hello(struct client *c, const struct proto_msg *msg)
 		pager_drop_client(c, "it asked for a model not served");
 		return;
 	}
+	if (m->changed) {
+		send_error(c, ESTALE, "%s changed on disk while served: restart stratad to serve it again",
+			   m->name);
+		pager_drop_client(c, "it asked for a model whose file changed");
+		return;
+	}
 	/* The client gets the memfd itself: userfaultfd refuses to register
 	 * a mapping that could never be writable (VM_MAYWRITE), so a
 	 * read-only descriptor will not do, and write seals would also forbid
@@ -503,6 +509,11 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 	if (m->fd < 0) {
 		snprintf(err, errlen, "%s: cannot open with O_DIRECT: %s", path, strerror(errno));
 		return -errno;
+	}
+	/* the file parsed above, unless it changed in between */
+	if (fstat(m->fd, &m->file_st) < 0 || m->file_st.st_size != st.st_size) {
+		snprintf(err, errlen, "%s: the file changed while it was opened", path);
+		return -ESTALE;
 	}
 	m->memfd = memfd_create(m->name, MFD_CLOEXEC);
 	if (m->memfd < 0 || ftruncate(m->memfd, (off_t)m->lay->map_size) < 0) {
