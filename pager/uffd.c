@@ -512,6 +512,8 @@ void pager_on_uffd(struct client *c)
 		if (n < 0) {
 			if (errno == EAGAIN || errno == EINTR)
 				return;
+			pager_log_errno(PAGER_LOG_WARNING, errno, "client pid %d: reading its userfaultfd",
+					(int)c->pid);
 			pager_drop_client(c, "its userfaultfd failed");
 			return;
 		}
