@@ -315,7 +315,10 @@ static void on_sock(struct client *c)
 	n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return;
-	for (struct cmsghdr *ch = CMSG_FIRSTHDR(&mh); ch; ch = CMSG_NXTHDR(&mh, ch))
+	/* A failed recvmsg leaves msg_controllen as it was: the buffer then
+	 * holds stack garbage, perhaps an old message's descriptor numbers,
+	 * now another client's (closing them dropped an unrelated engine). */
+	for (struct cmsghdr *ch = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; ch; ch = CMSG_NXTHDR(&mh, ch))
 		if (ch->cmsg_level == SOL_SOCKET && ch->cmsg_type == SCM_RIGHTS) {
 			size_t k = (ch->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 

@@ -55,7 +55,7 @@ the fault:
               stale socket and mount and serves new clients
   kill-streaming  of two engines streaming one model, one SIGKILLed while it
               faults: its pages and slots are reclaimed, the other finishes
-              bit-identical (by name only for now: see FAULT_CASES)
+              bit-identical
   hostile     a malicious client: out-of-range and huge counts and lengths,
               several file descriptors, messages out of order, after READY
               too (a real userfaultfd session): each dropped and logged, the
@@ -1450,12 +1450,8 @@ CASES = {"identical": case_identical, "share": case_share,
 
 # the fault-injection cases: their own meson test (pager-faults), run in
 # parallel with the others
-# kill-streaming is not among them yet: it shows a bug main has too (about
-# one run in six, the surviving engine is dropped, "its userfaultfd failed":
-# reading its uffd gives EBADF, or a CONTINUE fails, right after the other
-# engine's death); run it by name.
-FAULT_CASES = ["read-error", "short-read", "early-eof", "changed", "restart", "hostile",
-               "peercred"]
+FAULT_CASES = ["read-error", "short-read", "early-eof", "changed", "restart", "kill-streaming",
+               "hostile", "peercred"]
 args = sys.argv[1:] or [c for c in CASES if c not in FAULT_CASES]
 if args == ["faults"]:
     args = FAULT_CASES
