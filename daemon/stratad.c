@@ -1,13 +1,15 @@
 /*
  * stratad.c - the pager daemon's command line.
  *
- *   stratad --socket PATH [--budget SIZE|auto] [--mode MODE] [--no-pressure]
- *           [--resident N] [--window N]
+ *   stratad [--config FILE] --socket PATH [--budget SIZE|auto] [--mode MODE]
+ *           [--no-pressure] [--resident N] [--window N] [--allow-group GROUP]
  *           [--probe-io] [--io-cache FILE] [--io-chunk SIZE] [--io-depth N]
  *           [--verbose] MODEL.gguf...
  *
  * Everything it does lives in the pager library (pager/server.c); this file
- * parses options, reports what went wrong in one line, and runs the loop.
+ * parses options (from the command line and a config file, which a service
+ * manager starts it with: daemon/stratad.service), reports what went wrong
+ * in one line, tells systemd when it is ready, and runs the loop.
  * SIGTERM and SIGINT stop it cleanly (the socket is removed); SIGUSR1 sheds
  * resident layers as memory pressure does, SIGUSR2 restores them.  Exit 2
  * when it cannot start (a model it cannot serve, a budget below what
@@ -15,20 +17,28 @@
  */
 #include "pager.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#ifdef HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
 
 #define DAEMON_NICE -10
 
 static const char usage_text[] =
-	"usage: stratad --socket PATH [--fuse DIR] [--budget SIZE|auto] [--mode MODE]\n"
-	"               [--no-pressure] [--resident N] [--window N] [--probe-io] [--io-cache FILE]\n"
+	"usage: stratad [--config FILE] --socket PATH [--fuse DIR] [--budget SIZE|auto]\n"
+	"               [--mode MODE] [--no-pressure] [--resident N] [--window N]\n"
+	"               [--allow-group GROUP] [--probe-io] [--io-cache FILE]\n"
 	"               [--io-chunk SIZE] [--io-depth N] [--verbose] MODEL.gguf...\n"
 	"\n"
+	"  --config FILE   read settings from FILE first: one per line, an option's\n"
+	"                  name and value (\"budget 6G\", \"no-pressure\"), \"model PATH\"\n"
+	"                  for each model, # comments; the command line overrides it\n"
 	"  --socket PATH   unix socket clients connect to\n"
 	"  --fuse DIR      also show every model as a read-only file under DIR, for\n"
 	"                  any mmap-based runtime\n"
@@ -42,6 +52,8 @@ static const char usage_text[] =
 	"  --no-pressure   do not shed resident layers under memory pressure\n"
 	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
 	"  --window N      streamed layers read ahead (default 2)\n"
+	"  --allow-group GROUP  let processes of GROUP connect too (the socket becomes\n"
+	"                  rw for the group); default: root and the daemon's user only\n"
 	"  --probe-io      measure again which request size and depth read the\n"
 	"                  models' storage fastest (done once per device otherwise)\n"
 	"  --io-cache FILE where those measurements are kept\n"
@@ -53,24 +65,141 @@ static const char usage_text[] =
 	"Signals: TERM/INT stop, USR1 sheds a quarter of the resident layers,\n"
 	"USR2 restores them.\n";
 
+static const struct option lo[] = {
+	{ "socket", required_argument, NULL, 's' },
+	{ "fuse", required_argument, NULL, 'f' },
+	{ "budget", required_argument, NULL, 'b' },
+	{ "mode", required_argument, NULL, 'm' },
+	{ "no-pressure", no_argument, NULL, 'N' },
+	{ "resident", required_argument, NULL, 'r' },
+	{ "window", required_argument, NULL, 'w' },
+	{ "probe-io", no_argument, NULL, 'P' },
+	{ "io-cache", required_argument, NULL, 'C' },
+	{ "io-chunk", required_argument, NULL, 'K' },
+	{ "io-depth", required_argument, NULL, 'D' },
+	{ "verbose", no_argument, NULL, 'v' },
+	{ "allow-group", required_argument, NULL, 'G' },
+	{ "help", no_argument, NULL, 'h' },
+	{ NULL, 0, NULL, 0 },
+};
+
+static void add_arg(char ***v, int *n, const char *s)
+{
+	char **nv = realloc(*v, (size_t)(*n + 2) * sizeof(**v));
+
+	if (!nv || !(nv[*n] = strdup(s))) {
+		fputs("stratad: out of memory\n", stderr);
+		exit(2);
+	}
+	nv[++*n] = NULL;
+	*v = nv;
+}
+
+/*
+ * The config file as the command line it stands for: "budget 6G" is
+ * --budget 6G, "no-pressure" is --no-pressure, "model PATH" a model (the
+ * value is the rest of the line, so paths may hold spaces).  Appended to
+ * *v; the caller adds the real command line after it, so that wins.
+ * Nonzero, with the line named, on anything else.
+ */
+static int read_config(const char *path, char ***v, int *n)
+{
+	FILE *f = fopen(path, "re");
+	char *line = NULL;
+	size_t cap = 0;
+	unsigned no = 0;
+	int rc = 0;
+
+	if (!f) {
+		fprintf(stderr, "stratad: --config %s: %s\n", path, strerror(errno));
+		return 1;
+	}
+	while (!rc && getline(&line, &cap, f) >= 0) {
+		char *k = line, *val, *e;
+		const struct option *o;
+
+		no++;
+		while (isspace((unsigned char)*k))
+			k++;
+		if (!*k || *k == '#')
+			continue;
+		for (val = k; *val && !isspace((unsigned char)*val); val++)
+			;
+		if (*val)
+			*val++ = 0;
+		while (isspace((unsigned char)*val))
+			val++;
+		for (e = val + strlen(val); e > val && isspace((unsigned char)e[-1]); e--)
+			;
+		*e = 0;
+		for (o = lo; o->name; o++)
+			if (!strcmp(o->name, k) && o->val != 'h')
+				break;
+		if (!strcmp(k, "model") && *val) {
+			add_arg(v, n, val);
+		} else if (!o->name || (o->has_arg == required_argument) != (*val != 0)) {
+			fprintf(stderr, "stratad: %s:%u: %s '%s'\n", path, no,
+				!o->name ? "unknown setting" : *val ? "takes no value:" : "needs a value:",
+				k);
+			rc = 1;
+		} else {
+			char opt[64];
+
+			snprintf(opt, sizeof(opt), "--%s", k);
+			add_arg(v, n, opt);
+			if (*val)
+				add_arg(v, n, val);
+		}
+	}
+	if (!rc && ferror(f)) {
+		fprintf(stderr, "stratad: --config %s: %s\n", path, strerror(errno));
+		rc = 1;
+	}
+	free(line);
+	fclose(f);
+	return rc;
+}
+
+/* argv with --config FILE replaced by what FILE says, in front of the rest */
+static int expand_config(int *argc, char ***argv)
+{
+	char **v = NULL;
+	int n = 0;
+
+	add_arg(&v, &n, (*argv)[0]);
+	for (int i = 1; i < *argc; i++) {
+		const char *a = (*argv)[i];
+
+		if (!strcmp(a, "--"))
+			break;
+		if (!strcmp(a, "--config") || !strncmp(a, "--config=", 9)) {
+			const char *file = a[8] == '=' ? a + 9 : i + 1 < *argc ? (*argv)[i + 1] : NULL;
+
+			if (!file) {
+				fprintf(stderr, "stratad: option '--config' needs a value\n");
+				return 1;
+			}
+			if (read_config(file, &v, &n))
+				return 1;
+		}
+	}
+	for (int i = 1; i < *argc; i++) {
+		const char *a = (*argv)[i];
+
+		if (!strcmp(a, "--config")) {
+			i++;
+			continue;
+		}
+		if (strncmp(a, "--config=", 9))
+			add_arg(&v, &n, a);
+	}
+	*argc = n;
+	*argv = v; /* kept until exit: the config points into it */
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
-	static const struct option lo[] = {
-		{ "socket", required_argument, NULL, 's' },
-		{ "fuse", required_argument, NULL, 'f' },
-		{ "budget", required_argument, NULL, 'b' },
-		{ "mode", required_argument, NULL, 'm' },
-		{ "no-pressure", no_argument, NULL, 'N' },
-		{ "resident", required_argument, NULL, 'r' },
-		{ "window", required_argument, NULL, 'w' },
-		{ "probe-io", no_argument, NULL, 'P' },
-		{ "io-cache", required_argument, NULL, 'C' },
-		{ "io-chunk", required_argument, NULL, 'K' },
-		{ "io-depth", required_argument, NULL, 'D' },
-		{ "verbose", no_argument, NULL, 'v' },
-		{ "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
-	};
 	struct pager_config cfg = { .resident = -1, .budget_auto = true };
 	struct pager *p;
 	char err[512];
@@ -78,6 +207,8 @@ int main(int argc, char **argv)
 
 	if (argc == 3 && !strcmp(argv[1], "--fuse-guard"))
 		return pager_fuse_guard((unsigned)strtoul(argv[2], NULL, 10));
+	if (expand_config(&argc, &argv))
+		return 1;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":s:f:b:m:r:w:vh", lo, NULL)) != -1) {
 		char *end;
@@ -148,6 +279,9 @@ int main(int argc, char **argv)
 		case 'v':
 			pager_set_log(NULL, PAGER_LOG_DEBUG);
 			break;
+		case 'G':
+			cfg.allow_group = optarg;
+			break;
 		case 'h':
 			fputs(usage_text, stdout);
 			return 0;
@@ -182,7 +316,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "stratad: %s\n", err);
 		return 2;
 	}
+#ifdef HAVE_SYSTEMD
+	sd_notify(0, "READY=1"); /* serving: the socket is listening (Type=notify) */
+#endif
 	rc = pager_run(p);
+#ifdef HAVE_SYSTEMD
+	sd_notify(0, "STOPPING=1");
+#endif
 	pager_destroy(p);
 	return rc ? 2 : 0;
 }

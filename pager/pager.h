@@ -65,6 +65,11 @@ struct pager_config {
 	unsigned io_depth;
 	const char *io_cache;
 	bool probe_io;
+	/* Who may connect: always root and the daemon's own user; with
+	 * allow_group, also every process in that group (primary or
+	 * supplementary, as SO_PEERCRED / SO_PEERGROUPS tell), and the socket
+	 * is made rw for the group.  docs/security.md. */
+	const char *allow_group;
 };
 
 struct pager;

@@ -7,7 +7,8 @@
  * size and depth are found only by trying.  pio_probe() reads the model file
  * itself the way the pager does: O_DIRECT through io_uring, each request
  * straight to the ring's workers, into pages of a memfd that exist already,
- * as the streaming slots' pages do (residency.c).  Every
+ * as the streaming slots' pages do (residency.c), reused as a ring of 64 MiB
+ * (what was read is never looked at).  Every
  * configuration of a small grid (request sizes 256 KiB to 16 MiB, depths 2 to
  * 64, at most 64 MiB in flight) reads 256 MiB, from a cursor that moves
  * through the file so no configuration re-reads what another just read
@@ -65,7 +66,8 @@ _Static_assert(16ull * 4 << 20 <= PROBE_INFLIGHT && 256ull * 64 << 10 <= PROBE_I
 	       "the grid's largest configurations");
 
 /*
- * Read PROBE_BYTES of fd into buf (a mapping of a memfd) in requests of
+ * Read PROBE_BYTES of fd into buf (a mapping of a memfd of PROBE_INFLIGHT
+ * bytes, used as a ring: what was read is never looked at) in requests of
  * `chunk`, `depth` at a time, starting at *cursor and wrapping before
  * `span`; the bandwidth in GB/s.
  */
@@ -86,7 +88,8 @@ static int measure(struct io_uring *ring, int fd, uint8_t *buf, uint64_t chunk,
 				break;
 			if (*cursor + chunk > span)
 				*cursor = 0;
-			io_uring_prep_read(sqe, fd, buf + issued * chunk, (unsigned)chunk, *cursor);
+			io_uring_prep_read(sqe, fd, buf + issued * chunk % PROBE_INFLIGHT,
+					   (unsigned)chunk, *cursor);
 			sqe->flags |= IOSQE_ASYNC; /* as io.c submits */
 			io_uring_sqe_set_data64(sqe, issued);
 			*cursor += chunk;
@@ -147,18 +150,20 @@ int pio_probe(int fd, uint64_t size, struct pio_params *out)
 	mfd = memfd_create("strata-probe", MFD_CLOEXEC);
 	if (mfd < 0)
 		return -errno;
-	buf = ftruncate(mfd, (off_t)PROBE_BYTES) == 0
-		      ? mmap(NULL, PROBE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0)
+	/* 64 MiB, not the 256 a measurement reads: the daemon may start in a
+	 * memory cgroup barely larger than its budget (tests/pager_budget.py) */
+	buf = ftruncate(mfd, (off_t)PROBE_INFLIGHT) == 0
+		      ? mmap(NULL, PROBE_INFLIGHT, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0)
 		      : MAP_FAILED;
 	if (buf == MAP_FAILED) {
 		rc = -errno;
 		close(mfd);
 		return rc;
 	}
-	memset(buf, 0, PROBE_BYTES); /* the pages exist before the first read */
+	memset(buf, 0, PROBE_INFLIGHT); /* the pages exist before the first read */
 	rc = io_uring_queue_init(64, &ring, 0);
 	if (rc < 0) {
-		munmap(buf, PROBE_BYTES);
+		munmap(buf, PROBE_INFLIGHT);
 		close(mfd);
 		return rc;
 	}
@@ -186,7 +191,7 @@ int pio_probe(int fd, uint64_t size, struct pio_params *out)
 				     size / grid[i].chunk * grid[i].chunk, &cursor, &runs[f][r]);
 		}
 	io_uring_queue_exit(&ring);
-	munmap(buf, PROBE_BYTES);
+	munmap(buf, PROBE_INFLIGHT);
 	close(mfd); /* and its pages with it */
 	if (rc)
 		return rc;

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -396,6 +397,27 @@ static void on_sock(struct client *c)
 	}
 }
 
+/* May this peer connect?  Root, the daemon's own user, and with
+ * --allow-group every member of that group (docs/security.md). */
+static bool peer_allowed(const struct pager *p, int fd, const struct ucred *cr)
+{
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+
+	if (cr->uid == 0 || cr->uid == geteuid())
+		return true;
+	if (!p->cfg.allow_group)
+		return false;
+	if (cr->gid == p->allow_gid)
+		return true;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
+		return false; /* ERANGE: more than 256 groups; refused, not guessed */
+	for (size_t i = 0; i < len / sizeof(gid_t); i++)
+		if (groups[i] == p->allow_gid)
+			return true;
+	return false;
+}
+
 static void on_accept(struct pager *p)
 {
 	for (;;) {
@@ -408,9 +430,9 @@ static void on_accept(struct pager *p)
 		if (fd < 0)
 			return;
 		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crl) < 0 ||
-		    (cr.uid != 0 && cr.uid != geteuid())) {
-			pager_log(PAGER_LOG_WARNING, "refused a connection from uid %d",
-				  (int)cr.uid);
+		    !peer_allowed(p, fd, &cr)) {
+			pager_log(PAGER_LOG_WARNING, "refused a connection from uid %d gid %d (pid %d)",
+				  (int)cr.uid, (int)cr.gid, (int)cr.pid);
 			close(fd);
 			continue;
 		}
@@ -611,6 +633,17 @@ static int bind_socket(struct pager *p, char *err, size_t errlen)
 		close(fd);
 		return -errno;
 	}
+	/* Connecting takes write permission on the socket: the daemon's user
+	 * alone, or its group too with --allow-group (whatever the umask) */
+	if ((p->cfg.allow_group && chown(sa.sun_path, (uid_t)-1, p->allow_gid) < 0) ||
+	    chmod(sa.sun_path, p->cfg.allow_group ? 0660 : 0600) < 0) {
+		snprintf(err, errlen, "%s: %s: %s", sa.sun_path,
+			 p->cfg.allow_group ? "giving the socket to the group" : "chmod",
+			 strerror(errno));
+		close(fd);
+		unlink(sa.sun_path);
+		return -errno;
+	}
 	if (listen(fd, 64) < 0) {
 		snprintf(err, errlen, "%s: listen: %s", sa.sun_path, strerror(errno));
 		close(fd);
@@ -715,6 +748,16 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		snprintf(err, errlen, "no model to serve");
 		free(p);
 		return -EINVAL;
+	}
+	if (cfg->allow_group) {
+		struct group *g = getgrnam(cfg->allow_group);
+
+		if (!g) {
+			snprintf(err, errlen, "--allow-group: no group '%s'", cfg->allow_group);
+			free(p);
+			return -EINVAL;
+		}
+		p->allow_gid = g->gr_gid;
 	}
 	if (cfg->mode && plan_mode_parse(cfg->mode, &p->plan.mode)) {
 		snprintf(err, errlen, "unknown mode '%s' (speed, balanced or context)", cfg->mode);

@@ -282,6 +282,7 @@ struct pager {
 	struct pager_config cfg;
 	unsigned window;
 	int epfd, lfd, sfd;
+	gid_t allow_gid;             /* cfg.allow_group's id, when given */
 	struct pressure pressure;
 	struct pager_io *io;
 	struct pio_params io_params; /* the reader's request size and depth */

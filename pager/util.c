@@ -11,19 +11,42 @@
 #include "proto_i.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
+
+/* Is stderr the journal (systemd sets JOURNAL_STREAM to its device:inode)?
+ * Then a line's level goes in front as "<N>", which journald reads as its
+ * priority, and the "stratad: " prefix is left to the journal's own. */
+static bool stderr_is_journal(void)
+{
+	static int known = -1;
+
+	if (known < 0) {
+		const char *js = getenv("JOURNAL_STREAM");
+		unsigned long long dev, ino;
+		struct stat st;
+
+		known = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(2, &st) == 0 &&
+			st.st_dev == (dev_t)dev && st.st_ino == (ino_t)ino;
+	}
+	return known;
+}
 
 static void default_sink(enum pager_log_level level, const char *msg)
 {
 	static const char *const names[8] = { "", "", "", "error: ", "warning: ", "", "", "debug: " };
 
-	fprintf(stderr, "stratad: %s%s\n", names[level & 7], msg);
+	if (stderr_is_journal())
+		fprintf(stderr, "<%d>%s\n", level & 7, msg);
+	else
+		fprintf(stderr, "stratad: %s%s\n", names[level & 7], msg);
 }
 
 static pager_log_fn sink = default_sink;
