@@ -5,8 +5,10 @@
 #
 # tools/test.sh --sanitize [ARGS]: the same suite built with AddressSanitizer
 # and UndefinedBehaviorSanitizer (meson -Db_sanitize=address,undefined) in
-# build-san/ (docs/security.md).  The fuzzing suite is left to the plain run:
-# its harnesses are sanitized builds of their own.
+# build-san/ (docs/security.md).  The fuzzing suite is left to the plain run
+# (its harnesses are sanitized builds of their own), and so are the other
+# kernel sets' runs of the logits tests (suite variants: test_quant checks
+# those kernels under the sanitizers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dir=build
@@ -15,7 +17,7 @@ if [ "${1:-}" = "--sanitize" ]; then
 	shift
 	dir=build-san
 	setup=(-Db_sanitize=address,undefined)
-	set -- --no-suite fuzz "$@"
+	set -- --no-suite fuzz --no-suite variants "$@"
 fi
 export STRATA_BUILDDIR=$dir
 tools/deps.sh || exit 1
