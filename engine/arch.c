@@ -18,6 +18,7 @@
 static int gemma2_hparams(struct eng_model *m, char *err, size_t errlen);
 static int gemma3_hparams(struct eng_model *m, char *err, size_t errlen);
 static int qwen35_hparams(struct eng_model *m, char *err, size_t errlen);
+static int qwen3moe_hparams(struct eng_model *m, char *err, size_t errlen);
 
 /* Per architecture, what is not llama's; plus a hook for keys of its own. */
 static const struct arch {
@@ -45,6 +46,10 @@ static const struct arch {
 	{ { .name = "qwen35", .id = ENG_ARCH_QWEN35, .rope = ENG_ROPE_NEOX, .qk_norm = true,
 	    .gated_q = true, .ffn_norm = "post_attention_norm", .hybrid = true },
 	  qwen35_hparams },
+	/* qwen3's attention; a routed mixture of SwiGLU experts for the FFN */
+	{ { .name = "qwen3moe", .id = ENG_ARCH_QWEN3MOE, .rope = ENG_ROPE_NEOX, .qk_norm = true,
+	    .moe = true },
+	  qwen3moe_hparams },
 };
 
 #define N_ARCHS (sizeof(archs) / sizeof(archs[0]))
@@ -165,6 +170,37 @@ static int qwen35_hparams(struct eng_model *m, char *err, size_t errlen)
 	return 0;
 }
 
+/* The reference's limit on experts (LLAMA_MAX_EXPERTS), and on the used
+ * ones a bound the run state is sized by. */
+#define MAX_EXPERTS 512
+#define MAX_EXPERTS_USED 64
+
+static int qwen3moe_hparams(struct eng_model *m, char *err, size_t errlen)
+{
+	struct eng_hparams *hp = &m->hp;
+	const char *a = "qwen3moe";
+	int rc;
+
+	if ((rc = get_u32(m->g, a, "expert_count", &hp->n_expert, true, 0, err, errlen)) ||
+	    (rc = get_u32(m->g, a, "expert_used_count", &hp->n_expert_used, true, 0, err,
+			  errlen)) ||
+	    (rc = get_u32(m->g, a, "expert_feed_forward_length", &hp->n_ff_exp, false, 0, err,
+			  errlen)))
+		return rc;
+	if (hp->n_expert == 0 || hp->n_expert > MAX_EXPERTS || hp->n_expert_used == 0 ||
+	    hp->n_expert_used > hp->n_expert || hp->n_expert_used > MAX_EXPERTS_USED)
+		return load_err(err, errlen,
+				"invalid expert counts: expert_count %u, expert_used_count %u",
+				hp->n_expert, hp->n_expert_used);
+	/* as the reference: without the key, n_ff split over the used experts */
+	if (hp->n_ff_exp == 0)
+		hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
+	if (hp->n_ff_exp == 0 || hp->n_ff_exp > 1u << 20)
+		return load_err(err, errlen, "invalid expert_feed_forward_length %u",
+				hp->n_ff_exp);
+	return 0;
+}
+
 /* RoPE scaling: none, linear (positions divided by the factor), or, for
  * phi3, longrope (per-pair factors from rope_factors_{long,short}, bound by
  * the loader).  The llama3 scheme comes as a rope_freqs tensor. */
@@ -227,7 +263,7 @@ int arch_load_hparams(struct eng_model *m, char *err, size_t errlen)
 	if (!arch) {
 		snprintf(err, errlen,
 			 "architecture '%.*s' is not supported (llama, qwen2, qwen3, gemma2, "
-			 "gemma3, phi3, qwen35 are)",
+			 "gemma3, phi3, qwen35, qwen3moe are)",
 			 (int)(s.len > 64 ? 64 : s.len), s.ptr);
 		return -ENOTSUP;
 	}

@@ -35,6 +35,7 @@ enum eng_arch {
 	ENG_ARCH_GEMMA3,
 	ENG_ARCH_PHI3,
 	ENG_ARCH_QWEN35,
+	ENG_ARCH_QWEN3MOE,
 };
 
 enum eng_rope_kind {
@@ -76,6 +77,11 @@ struct eng_hparams {
 	uint32_t ssm_n_k_heads;      /* ssm.group_count */
 	uint32_t ssm_n_v_heads;      /* ssm.time_step_rank */
 	uint32_t ssm_d_inner;        /* value_dim = n_v_heads * d_state */
+	/* Mixture of experts (qwen3moe): each layer's FFN is n_expert SwiGLU
+	 * experts of n_ff_exp, of which a router picks n_expert_used a token */
+	uint32_t n_expert;           /* 0: a dense FFN */
+	uint32_t n_expert_used;
+	uint32_t n_ff_exp;
 	uint64_t file_bytes;
 	uint64_t weight_bytes;  /* sum of all tensor sizes */
 	char name[128];         /* general.name, for messages */
@@ -105,7 +111,7 @@ const struct eng_tokenizer *eng_model_tokenizer(const struct eng_model *m);
 const struct gguf *eng_model_gguf(const struct eng_model *m);
 /* Bytes of weights the forward pass reads for one decoded token: every
  * matrix, norm and bias once, one embedding row (0 for a vocabulary-only
- * model).  Memory bandwidth divided by this bounds decode tok/s. */
+ * model); of a mixture of experts the router and the used experts only.  Memory bandwidth divided by this bounds decode tok/s. */
 uint64_t eng_model_token_bytes(const struct eng_model *m);
 
 /*

@@ -112,7 +112,7 @@ static void ctx_alloc(struct eng_ctx *c)
 	const struct eng_model *m = c->m;
 	const struct eng_hparams *hp = &m->hp;
 	unsigned nth = c->n_threads;
-	size_t max_in;
+	size_t max_in, n_ff;
 
 	/* only attention layers hold KV cache, a sliding-window layer a ring
 	 * of its window (kv_slots); a hybrid's recurrent layers hold a small
@@ -168,8 +168,26 @@ static void ctx_alloc(struct eng_ctx *c)
 	}
 	c->kb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
 	c->vb = xcalloc(c, (size_t)c->n_batch * c->kv_dim, sizeof(float));
-	c->hb = xcalloc(c, (size_t)c->n_batch * hp->n_ff, sizeof(float));
-	c->hb2 = xcalloc(c, (size_t)c->n_batch * hp->n_ff, sizeof(float));
+	/* a mixture's feed_forward_length is not a matrix it has */
+	n_ff = m->arch->moe ? hp->n_ff_exp : hp->n_ff;
+	/* a mixture's rows are pairs: a token and one of its k experts */
+	c->qact_rows = c->n_batch * (m->arch->moe ? hp->n_expert_used : 1);
+	c->hb = xcalloc(c, (size_t)c->qact_rows * n_ff, sizeof(float));
+	c->hb2 = xcalloc(c, (size_t)c->qact_rows * n_ff, sizeof(float));
+	if (m->arch->moe) {
+		size_t nk = c->qact_rows;
+
+		c->moe_probs = xcalloc(c, (size_t)c->n_batch * hp->n_expert, sizeof(float));
+		c->moe_sel = xcalloc(c, nk, sizeof(uint32_t));
+		c->moe_w = xcalloc(c, nk, sizeof(float));
+		c->moe_rows = xcalloc(c, nk, sizeof(uint32_t));
+		c->moe_pos = xcalloc(c, nk, sizeof(uint32_t));
+		c->moe_first = xcalloc(c, (size_t)hp->n_expert + 1, sizeof(uint32_t));
+		c->moe_parts = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct mm_part));
+		c->moe_slice = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct wt));
+		c->moe_in = xcalloc(c, nk * hp->n_embd, sizeof(float));
+		c->moe_y = xcalloc(c, nk * hp->n_embd, sizeof(float));
+	}
 	c->att = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(float));
 	c->vrow = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(float));
 	c->vacc = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(double));
@@ -182,9 +200,9 @@ static void ctx_alloc(struct eng_ctx *c)
 	/* Widest quantized activation row: any matmul input, in any vec_dot
 	 * format (F32 rows are the largest: 4 bytes per element; a Q8_0 row
 	 * and its pack8 copy after it take 2.3 and up to 63 of alignment). */
-	max_in = max_in > hp->n_ff ? max_in : hp->n_ff;
+	max_in = max_in > n_ff ? max_in : n_ff;
 	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
-	c->qact = xcalloc(c, (size_t)c->n_batch, c->qact_stride);
+	c->qact = xcalloc(c, (size_t)c->qact_rows, c->qact_stride);
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
 }
 
@@ -286,6 +304,16 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->vb);
 	free(c->hb);
 	free(c->hb2);
+	free(c->moe_probs);
+	free(c->moe_sel);
+	free(c->moe_w);
+	free(c->moe_rows);
+	free(c->moe_pos);
+	free(c->moe_first);
+	free(c->moe_parts);
+	free(c->moe_slice);
+	free(c->moe_in);
+	free(c->moe_y);
 	free(c->att);
 	free(c->vrow);
 	free(c->vacc);
@@ -566,6 +594,164 @@ static void ffn_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	add(c->x, c->xb, (size_t)nb * E);
 }
 
+/* Expert e's matrix of a layer's 3-D expert tensor w: ne1 rows, e * ne1
+ * rows after expert 0's.  Nothing is copied. */
+static struct wt expert_w(const struct wt *w, uint32_t e)
+{
+	struct wt x = *w;
+
+	x.data = w->data + (size_t)e * w->ne1 * w->row_bytes;
+	return x;
+}
+
+/* The router's choice for one token: softmax over the n experts' logits p
+ * (in place, as the reference: exp of the difference to the max, the sum
+ * in double), the k most probable (ties to the lower index) into sel in
+ * falling order, their probabilities renormalized to sum 1 into wsel. */
+static void route(float *p, uint32_t n, uint32_t k, uint32_t *sel, float *wsel)
+{
+	float mx = p[0];
+	double sum = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		mx = p[i] > mx ? p[i] : mx;
+	for (uint32_t i = 0; i < n; i++) {
+		p[i] = expf(p[i] - mx);
+		sum += (double)p[i];
+	}
+	for (uint32_t i = 0; i < n; i++)
+		p[i] *= (float)(1.0 / sum);
+	sum = 0;
+	for (uint32_t j = 0; j < k; j++) {
+		uint32_t best = UINT32_MAX;
+
+		/* k is small (8 of 128): a scan per pick, skipping those taken */
+		for (uint32_t i = 0; i < n; i++) {
+			bool taken = false;
+
+			for (uint32_t t = 0; t < j && !taken; t++)
+				taken = sel[t] == i;
+			if (!taken && (best == UINT32_MAX || p[i] > p[best]))
+				best = i;
+		}
+		sel[j] = best;
+		wsel[j] = p[best];
+		sum += (double)p[best];
+	}
+	for (uint32_t j = 0; j < k; j++)
+		wsel[j] /= (float)sum;
+}
+
+/*
+ * x += moe(rmsnorm(x)): the router picks k experts per token; the batch's
+ * (token, slot) pairs are sorted by expert, and each matmul runs every
+ * picked expert over the rows of its pairs in one pass of the pool, so each
+ * picked expert's matrices are read once per batch, for all the tokens that
+ * chose it.
+ *
+ *   xb        = rmsnorm(x) * ffn_norm                 [B][E]
+ *   probs     = softmax(xb @ Wgate_inp)                [B][n_expert]
+ *   sel, w    = top-k(probs), renormalized             [B][k]
+ *   in        = xb of each pair, sorted by expert      [B*k][E]
+ *   h         = silu(in @ Wgate_e) * (in @ Wup_e)      [B*k][F]   each row by its expert e
+ *   y         = h @ Wdown_e                            [B*k][E]
+ *   x[b]     += y[b,0] * w[b][0] + y[b,1] * w[b][1] + ...   (slot order, as the
+ *                                                            reference sums them)
+ */
+static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct layer_w *w = &c->m->layers[l];
+	uint32_t E = hp->n_embd, F = hp->n_ff_exp, N = hp->n_expert, K = hp->n_expert_used;
+	uint32_t *first = c->moe_first, np = nb * K;
+	struct mm_part *parts = c->moe_parts;
+	unsigned n = 0;
+
+	rmsnorm_rows(c->xb, c->x, &w->ffn_norm, nb, E, hp->norm_eps);
+	matmul1(c, &w->gate_inp, c->moe_probs, c->xb, nb);
+	memset(first, 0, ((size_t)N + 1) * sizeof(*first));
+	for (uint32_t b = 0; b < nb; b++) {
+		uint32_t *sel = c->moe_sel + (size_t)b * K;
+
+		route(c->moe_probs + (size_t)b * N, N, K, sel, c->moe_w + (size_t)b * K);
+		for (uint32_t j = 0; j < K; j++)
+			first[sel[j] + 1]++;
+	}
+	/* a counting sort of the pairs by expert, tokens in order: expert e's
+	 * are moe_rows[first[e] .. first[e + 1]) */
+	for (uint32_t e = 0; e < N; e++)
+		first[e + 1] += first[e];
+	for (uint32_t i = 0; i < np; i++) {
+		uint32_t at = first[c->moe_sel[i]]++;
+
+		c->moe_rows[at] = i;
+		c->moe_pos[i] = at;
+	}
+	for (uint32_t e = N; e > 0; e--)
+		first[e] = first[e - 1];
+	first[0] = 0;
+	for (uint32_t i = 0; i < np; i++)
+		memcpy(c->moe_in + (size_t)i * E, c->xb + (size_t)(c->moe_rows[i] / K) * E,
+		       E * sizeof(float));
+
+	/* gate and up of every picked expert in one pass, if their weights take
+	 * the same activations (else one pass each): gates at parts[0, n), ups
+	 * at parts[N, N + n) */
+	for (uint32_t e = 0; e < N; e++) {
+		uint32_t r0 = first[e], ne = first[e + 1] - first[e];
+
+		if (!ne)
+			continue;
+		c->moe_slice[n] = expert_w(&w->gate_exps, e);
+		c->moe_slice[N + n] = expert_w(&w->up_exps, e);
+		parts[n] = (struct mm_part){ &c->moe_slice[n], c->hb + (size_t)r0 * F, r0, ne, 0 };
+		parts[N + n] = (struct mm_part){ &c->moe_slice[N + n], c->hb2 + (size_t)r0 * F, r0,
+						 ne, 0 };
+		n++;
+	}
+	if (eng_type_info(w->gate_exps.type)->vec_dot_type ==
+		    eng_type_info(w->up_exps.type)->vec_dot_type &&
+	    c->k->pack8[w->gate_exps.type] == c->k->pack8[w->up_exps.type]) {
+		memmove(parts + n, parts + N, n * sizeof(*parts));
+		matmul_parts(c, 2 * n, parts, c->moe_in, np);
+	} else {
+		matmul_parts(c, n, parts, c->moe_in, np);
+		matmul_parts(c, n, parts + N, c->moe_in, np);
+	}
+	for (size_t i = 0; i < (size_t)np * F; i++) {
+		float g = c->hb[i];
+
+		c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
+	}
+
+	n = 0;
+	for (uint32_t e = 0; e < N; e++) {
+		uint32_t r0 = first[e], ne = first[e + 1] - first[e];
+
+		if (!ne)
+			continue;
+		c->moe_slice[n] = expert_w(&w->down_exps, e);
+		parts[n] = (struct mm_part){ &c->moe_slice[n], c->moe_y + (size_t)r0 * E, r0, ne,
+					     0 };
+		n++;
+	}
+	matmul_parts(c, n, parts, c->hb, np);
+
+	for (uint32_t b = 0; b < nb; b++) {
+		float *x = c->x + (size_t)b * E;
+		const uint32_t *pos = c->moe_pos + (size_t)b * K;
+		const float *wb = c->moe_w + (size_t)b * K;
+
+		for (uint32_t d = 0; d < E; d++) {
+			float sum = c->moe_y[(size_t)pos[0] * E + d] * wb[0];
+
+			for (uint32_t j = 1; j < K; j++)
+				sum += c->moe_y[(size_t)pos[j] * E + d] * wb[j];
+			x[d] += sum;
+		}
+	}
+}
+
 /* x += deltanet(rmsnorm(x)): a hybrid's recurrent token mixer */
 static void deltanet_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
@@ -582,7 +768,10 @@ static void layer_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		deltanet_block(c, l, nb);
 	else
 		attention_block(c, l, nb);
-	ffn_block(c, l, nb);
+	if (c->m->arch->moe)
+		moe_block(c, l, nb);
+	else
+		ffn_block(c, l, nb);
 }
 
 /* This thread's CPU time: what a layer costs it, whatever else ran on its

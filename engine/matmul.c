@@ -6,8 +6,11 @@
  * vec_dot_type (quant.h), packed if the kernel set wants, and the weight rows
  * are shared out in chunks; each row goes through the kernel set's vec_dot16,
  * vec_dot8 or vec_dot, which give bit-identical results, so how rows are
- * grouped never changes a logit.  Nothing is allocated here: the converted
- * activations live in the context (qact).
+ * grouped never changes a logit.  A pass can also run many weights over
+ * their own rows of one input (matmul_parts: a mixture's experts, each over
+ * its tokens), so a layer's experts cost one wake-up of the pool, not one
+ * each.  Nothing is allocated here: the converted activations live in the
+ * context (qact).
  */
 #include "model_i.h"
 
@@ -35,35 +38,38 @@
 
 struct mm_job {
 	unsigned n;
-	const struct wt *w[3];
-	float *out[3];
+	struct mm_part *parts; /* each: a weight, its output, its rows of the input */
 	uint64_t chunk;     /* rows per chunk */
-	uint64_t chunks[3]; /* chunks of weight m: chunks[m] - chunks[m - 1] */
 	_Atomic uint64_t next; /* next chunk to take, over all n weights */
-	const uint8_t *act;  /* nb rows of act_stride bytes, in vec_dot_type */
+	const uint8_t *act;  /* the input's rows of act_stride bytes, in vec_dot_type */
 	const uint8_t *act8; /* the same for vec_dot8/16: pack8'ed if the set packs */
 	size_t act_stride;
-	uint32_t nb;
 	const struct eng_kernels *k;
 };
 
-/* The 8 or 16 rows of weight w at r (fn is vec_dot8 or vec_dot16) by all
- * tokens, up to max_nt (ENG_DOT8_NT or ENG_DOT16_NT) at a time. */
-static void mm_group(const struct mm_job *j, eng_vec_dot8_fn fn, unsigned max_nt,
-		     const struct wt *w, float *out, uint64_t r)
+/* The 8 or 16 rows of part p's weight at r (fn is vec_dot8 or vec_dot16) by
+ * all its tokens, up to max_nt (ENG_DOT8_NT or ENG_DOT16_NT) at a time. */
+static void mm_group(const struct mm_job *j, const struct mm_part *p, eng_vec_dot8_fn fn,
+		     unsigned max_nt, uint64_t r)
 {
-	for (uint32_t b = 0; b < j->nb; b += max_nt) {
-		unsigned nt = j->nb - b < max_nt ? j->nb - b : max_nt;
+	const struct wt *w = p->w;
+	const uint8_t *act8 = j->act8 + (size_t)p->row0 * j->act_stride;
 
-		fn(w->ne0, nt, &out[b * w->ne1 + r], w->ne1, w->data + r * w->row_bytes,
-		   w->row_bytes, j->act8 + b * j->act_stride, j->act_stride);
+	for (uint32_t b = 0; b < p->nb; b += max_nt) {
+		unsigned nt = p->nb - b < max_nt ? p->nb - b : max_nt;
+
+		fn(w->ne0, nt, &p->out[b * w->ne1 + r], w->ne1, w->data + r * w->row_bytes,
+		   w->row_bytes, act8 + b * j->act_stride, j->act_stride);
 	}
 }
 
-/* Rows [r0, r1) of weight w, in tiles of MATMUL_TILE rows. */
-static void mm_rows(const struct mm_job *j, const struct wt *w, float *out, uint64_t r0,
-		    uint64_t r1)
+/* Rows [r0, r1) of part p's weight, in tiles of MATMUL_TILE rows. */
+static void mm_rows(const struct mm_job *j, const struct mm_part *p, uint64_t r0, uint64_t r1)
 {
+	const struct wt *w = p->w;
+	float *out = p->out;
+	const uint8_t *act = j->act + (size_t)p->row0 * j->act_stride;
+
 	eng_vec_dot_fn dot = j->k->vec_dot[w->type];
 	eng_vec_dot8_fn dot8 = j->k->vec_dot8[w->type];
 	eng_vec_dot8_fn dot16 = j->k->vec_dot16[w->type];
@@ -77,16 +83,16 @@ static void mm_rows(const struct mm_job *j, const struct wt *w, float *out, uint
 		 * gguf.c, and chunks are multiples of 16, so every tile is
 		 * whole), */
 		if (dot16 && t1 - t0 == 16) {
-			mm_group(j, dot16, ENG_DOT16_NT, w, out, r);
+			mm_group(j, p, dot16, ENG_DOT16_NT, r);
 			r = t1;
 		}
 		for (; dot8 && r + 8 <= t1; r += 8)
-			mm_group(j, dot8, ENG_DOT8_NT, w, out, r);
+			mm_group(j, p, dot8, ENG_DOT8_NT, r);
 		/* then the rows left one by one */
-		for (uint32_t b = 0; b < j->nb; b++)
+		for (uint32_t b = 0; b < p->nb; b++)
 			for (uint64_t i = r; i < t1; i++)
 				dot(w->ne0, &out[b * w->ne1 + i], w->data + i * w->row_bytes,
-				    j->act + b * j->act_stride);
+				    act + b * j->act_stride);
 	}
 }
 
@@ -98,56 +104,62 @@ static void mm_worker(void *arg, unsigned ith, unsigned nth)
 	for (;;) {
 		uint64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
 
-		while (m < j->n && c >= j->chunks[m])
+		while (m < j->n && c >= j->parts[m].chunks_end)
 			m++;
 		if (m == j->n)
 			return;
 
-		const struct wt *w = j->w[m];
-		uint64_t r0 = (c - (m ? j->chunks[m - 1] : 0)) * j->chunk;
-		uint64_t r1 = r0 + j->chunk < w->ne1 ? r0 + j->chunk : w->ne1;
+		const struct mm_part *p = &j->parts[m];
+		uint64_t r0 = (c - (m ? j->parts[m - 1].chunks_end : 0)) * j->chunk;
+		uint64_t r1 = r0 + j->chunk < p->w->ne1 ? r0 + j->chunk : p->w->ne1;
 
-		mm_rows(j, w, j->out[m], r0, r1);
+		mm_rows(j, p, r0, r1);
 	}
 }
 
-/*
- * out_j = in @ W_j^T for the n weights given (which share ne0 and type
- * class); in is [nb][ne0] floats.  Converting the input once serves all.
- */
-static void matmul(struct eng_ctx *c, unsigned n, const struct wt *const *w, float *const *out,
-		   const float *in, uint32_t nb)
+void matmul_parts(struct eng_ctx *c, unsigned n, struct mm_part *parts, const float *in,
+		  uint32_t n_rows)
 {
-	struct mm_job j = { .n = n, .nb = nb, .k = c->k };
-	uint64_t ne0 = w[0]->ne0;
-	uint32_t vt = eng_type_info(w[0]->type)->vec_dot_type;
+	struct mm_job j = { .n = n, .parts = parts, .k = c->k };
+	const struct wt *w0 = parts[0].w;
+	uint64_t ne0 = w0->ne0;
+	uint32_t vt = eng_type_info(w0->type)->vec_dot_type;
 	size_t row_bytes = 0;
+	uint32_t nb = 0;
 
-	for (unsigned i = 0; i < n; i++)
-		row_bytes = w[i]->row_bytes > row_bytes ? w[i]->row_bytes : row_bytes;
+	assert(n_rows <= c->qact_rows);
+	for (unsigned i = 0; i < n; i++) {
+		const struct wt *w = parts[i].w;
+
+		assert(w->ne0 == ne0 && eng_type_info(w->type)->vec_dot_type == vt &&
+		       c->k->pack8[w->type] == c->k->pack8[w0->type] &&
+		       parts[i].row0 + parts[i].nb <= n_rows);
+		row_bytes = w->row_bytes > row_bytes ? w->row_bytes : row_bytes;
+		nb = parts[i].nb > nb ? parts[i].nb : nb;
+	}
+	/* sized for the part of the most tokens: the others' chunks are
+	 * lighter, which only makes them finer */
 	j.chunk = MATMUL_CHUNK_WORK / (nb ? nb : 1);
 	if (j.chunk > MATMUL_CHUNK_BYTES / row_bytes)
 		j.chunk = MATMUL_CHUNK_BYTES / row_bytes;
 	j.chunk = j.chunk / MATMUL_CHUNK * MATMUL_CHUNK;
 	if (j.chunk < MATMUL_CHUNK)
 		j.chunk = MATMUL_CHUNK;
-	for (unsigned i = 0; i < n; i++) {
-		j.w[i] = w[i];
-		j.out[i] = out[i];
-		j.chunks[i] = (i ? j.chunks[i - 1] : 0) + (w[i]->ne1 + j.chunk - 1) / j.chunk;
-	}
+	for (unsigned i = 0; i < n; i++)
+		parts[i].chunks_end = (i ? parts[i - 1].chunks_end : 0) +
+				      (parts[i].w->ne1 + j.chunk - 1) / j.chunk;
 	atomic_init(&j.next, 0);
 	if (vt == ENG_TYPE_F32) {
 		j.act = j.act8 = (const uint8_t *)in;
 		j.act_stride = ne0 * sizeof(float);
 	} else {
 		eng_from_float_fn q = c->k->from_float[vt];
-		eng_pack8_fn pack = c->k->pack8[w[0]->type];
+		eng_pack8_fn pack = c->k->pack8[w0->type];
 		/* the packed copy after the row, on its own cache lines */
 		size_t off = pack ? (eng_row_bytes(vt, ne0) + 63) & ~(size_t)63 : 0;
 
 		assert(off + ENG_PACK8_BYTES(ne0) <= c->qact_stride);
-		for (uint32_t b = 0; b < nb; b++) {
+		for (uint32_t b = 0; b < n_rows; b++) {
 			uint8_t *row = c->qact + b * c->qact_stride;
 
 			q(in + b * ne0, row, ne0);
@@ -159,6 +171,21 @@ static void matmul(struct eng_ctx *c, unsigned n, const struct wt *const *w, flo
 		j.act_stride = c->qact_stride;
 	}
 	eng_pool_run(c->pool, mm_worker, &j);
+}
+
+/*
+ * out_j = in @ W_j^T for the n (<= 3) weights given (which share ne0 and
+ * type class); in is [nb][ne0] floats.  Converting the input once serves all.
+ */
+static void matmul(struct eng_ctx *c, unsigned n, const struct wt *const *w, float *const *out,
+		   const float *in, uint32_t nb)
+{
+	struct mm_part parts[3];
+
+	assert(n <= 3);
+	for (unsigned i = 0; i < n; i++)
+		parts[i] = (struct mm_part){ .w = w[i], .out = out[i], .row0 = 0, .nb = nb };
+	matmul_parts(c, n, parts, in, nb);
 }
 
 void matmul1(struct eng_ctx *c, const struct wt *w, float *out, const float *in,

@@ -35,11 +35,14 @@ int load_err(char *err, size_t errlen, const char *fmt, ...)
 
 /*
  * Find tensor `name`, check its type is computable and its shape is
- * [ne0, ne1] (ne1 == 0 means a 1-D tensor of ne0).  Optional tensors that are
- * absent leave w->data NULL.
+ * [ne0, ne1] (ne1 == 0 means a 1-D tensor of ne0), or [ne0, ne1, ne2] for
+ * ne2 > 1: the experts of a mixture, ne2 matrices one after the other, bound
+ * as the first (gguf.c keeps interleaved types 2-D, so an expert is always
+ * whole groups of rows).  Optional tensors that are absent leave w->data
+ * NULL.
  */
-static int bind(const struct eng_model *m, struct wt *w, const char *name, uint64_t ne0,
-		uint64_t ne1, bool optional, char *err, size_t errlen)
+static int bind3(const struct eng_model *m, struct wt *w, const char *name, uint64_t ne0,
+		 uint64_t ne1, uint64_t ne2, bool optional, char *err, size_t errlen)
 {
 	const struct gguf_tensor *t = gguf_find_tensor(m->g, name);
 	const struct eng_type_info *ti;
@@ -57,7 +60,16 @@ static int bind(const struct eng_model *m, struct wt *w, const char *name, uint6
 			 ti->name);
 		return -ENOTSUP;
 	}
-	if (t->ne[0] != ne0 || t->ne[1] != (is_vec ? 1 : ne1) || t->ne[2] != 1 || t->ne[3] != 1)
+	if (ne2 > 1 && (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2 || t->ne[3] != 1))
+		return load_err(err, errlen,
+				"tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%llu, %llu, "
+				"%llu]",
+				name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+				(unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
+				(unsigned long long)ne0, (unsigned long long)ne1,
+				(unsigned long long)ne2);
+	if (ne2 <= 1 &&
+	    (t->ne[0] != ne0 || t->ne[1] != (is_vec ? 1 : ne1) || t->ne[2] != 1 || t->ne[3] != 1))
 		return load_err(err, errlen,
 				"tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%llu, %llu]",
 				name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
@@ -75,6 +87,12 @@ static int bind(const struct eng_model *m, struct wt *w, const char *name, uint6
 	w->ne1 = is_vec ? 1 : ne1;
 	w->row_bytes = eng_row_bytes(t->type, ne0);
 	return 0;
+}
+
+static int bind(const struct eng_model *m, struct wt *w, const char *name, uint64_t ne0,
+		uint64_t ne1, bool optional, char *err, size_t errlen)
+{
+	return bind3(m, w, name, ne0, ne1, 1, optional, err, errlen);
 }
 
 /* Rows [r0, r0 + n) of w as a weight of their own.  Interleaved types keep
@@ -154,6 +172,23 @@ static int bind_ffn(const struct eng_model *m, struct layer_w *lw, uint32_t l, c
 	uint32_t E = hp->n_embd, F = hp->n_ff;
 	int rc;
 
+	if (m->arch->moe) {
+		char name[96];
+
+		snprintf(name, sizeof(name), "blk.%u.ffn_gate_exps.weight", l);
+		if ((rc = bind_l(m, &lw->gate_inp, l, "ffn_gate_inp.weight", E, hp->n_expert,
+				 false, err, errlen)) ||
+		    (rc = bind3(m, &lw->gate_exps, name, E, hp->n_ff_exp, hp->n_expert, false, err,
+				errlen)))
+			return rc;
+		snprintf(name, sizeof(name), "blk.%u.ffn_up_exps.weight", l);
+		if ((rc = bind3(m, &lw->up_exps, name, E, hp->n_ff_exp, hp->n_expert, false, err,
+				errlen)))
+			return rc;
+		snprintf(name, sizeof(name), "blk.%u.ffn_down_exps.weight", l);
+		return bind3(m, &lw->down_exps, name, hp->n_ff_exp, E, hp->n_expert, false, err,
+			     errlen);
+	}
 	if (m->arch->fused_gate_up) {
 		struct wt gu;
 		char name[96];
@@ -397,6 +432,10 @@ uint64_t eng_model_token_bytes(const struct eng_model *m)
 
 		for (size_t j = 0; j < sizeof(ws) / sizeof(ws[0]); j++)
 			n += wt_bytes(ws[j]);
+		/* the router, and the experts it picks (bound as one each) */
+		n += wt_bytes(&l->gate_inp) + (wt_bytes(&l->gate_exps) + wt_bytes(&l->up_exps) +
+					       wt_bytes(&l->down_exps)) *
+						      m->hp.n_expert_used;
 	}
 	return n;
 }

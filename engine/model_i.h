@@ -15,6 +15,7 @@
  *     x   += post_attn_norm ? rmsnorm(mix) * post_attn_norm : mix
  *     xb   = rmsnorm(x) * ffn_norm
  *     f    = act(xb @ Wgate) * (xb @ Wup) @ Wdown
+ *            or, a mixture of experts, the same per routed expert, weighted
  *     x   += post_ffn_norm ? rmsnorm(f) * post_ffn_norm : f
  *   logits = rmsnorm(x) * output_norm @ Woutput (soft-capped)
  */
@@ -76,12 +77,18 @@ struct arch_desc {
 	bool gated_q;       /* attn_q holds q | gate per head; out *= sigmoid(gate) */
 	const char *ffn_norm; /* the pre-FFN norm's name: "ffn_norm" unless said */
 	bool hybrid;        /* Gated DeltaNet layers between attention layers (qwen35) */
+	bool moe;           /* the FFN is routed experts (qwen3moe): ffn_gate_inp and the
+			     * 3-D ffn_{gate,up,down}_exps instead of ffn_{gate,up,down} */
 };
 
 /* Per layer.  Tensors an architecture does not have stay zero. */
 struct layer_w {
 	struct wt attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm;
 	struct wt ffn_norm, gate, up, down, post_ffn_norm;
+	/* Mixture of experts: the router ([n_embd] -> [n_expert]) and the
+	 * experts' matrices, bound as expert 0's; expert e's is the same shape
+	 * e * ne1 rows further on (expert_w) */
+	struct wt gate_inp, gate_exps, up_exps, down_exps;
 	/* Gated DeltaNet (recurrent layers of a hybrid) */
 	struct wt ssm_qkv, ssm_gate, ssm_conv, ssm_dt, ssm_a, ssm_beta, ssm_alpha, ssm_norm,
 		ssm_out;
@@ -128,7 +135,19 @@ struct eng_ctx {
 	float *x, *xb, *xb2;         /* [n_batch][max(n_embd, q_dim, ...)] */
 	float *q, *kb, *vb;          /* [n_batch][q_dim (x2 gated)], [n_batch][kv_dim] x2 */
 	float *qgate;                /* [n_batch][q_dim] a gated q's gate */
-	float *hb, *hb2;             /* [n_batch][n_ff] */
+	float *hb, *hb2;             /* [n_batch][n_ff], a mixture's [n_batch * k][n_ff_exp] */
+	/* mixture of experts (forward.c, moe_block); k = n_expert_used, a
+	 * pair is a token and one of its k slots, b * k + slot */
+	float *moe_probs;            /* [n_batch][n_expert] router output */
+	uint32_t *moe_sel;           /* [n_batch * k] the experts picked */
+	float *moe_w;                /* [n_batch * k] their weights */
+	uint32_t *moe_rows;          /* [n_batch * k] the pairs sorted by expert */
+	uint32_t *moe_pos;           /* [n_batch * k] a pair's place in moe_rows */
+	uint32_t *moe_first;         /* [n_expert + 1] each expert's run in moe_rows */
+	struct mm_part *moe_parts;   /* [2 n_expert] one matmul's experts */
+	struct wt *moe_slice;        /* [2 n_expert] their matrices */
+	float *moe_in;               /* [n_batch * k][n_embd] the pairs' inputs, sorted */
+	float *moe_y;                /* [n_batch * k][n_embd] their experts' outputs */
 	float *att;                  /* [n_threads][n_ctx] scores */
 	float *vrow;                 /* [n_threads][head_dim] a cache slice as floats */
 	double *vacc;                /* [n_threads][head_dim] weighted-sum accumulators */
@@ -151,9 +170,11 @@ struct eng_ctx {
 	bool undo_anywhere;          /* no rings, no recurrent layers: no limit */
 	bool undo_ok;                /* a checkpoint is in force */
 	float *undo_conv, *undo_ssm, *undo_in;
-	uint8_t *qact;               /* quantized activations, [n_batch] rows
+	uint8_t *qact;               /* quantized activations, [qact_rows] rows:
+				      * n_batch, a mixture's n_batch * k
 				      * (each with its pack8 copy beside it) */
 	size_t qact_stride;
+	uint32_t qact_rows;
 	uint64_t *layer_ns;          /* [n_layer] each layer's CPU time in the last pass */
 	uint64_t outside_ns;         /* the rest of its CPU time (output, logits) */
 	uint64_t bytes;
@@ -162,6 +183,19 @@ struct eng_ctx {
 
 /* matmul.c: out_j[b][r] = W_j[r] . in[b] for n (<= 3) weights sharing the
  * input in ([nb][ne0] floats), on the context's threads. */
+/* One weight of a grouped matmul: out[b][r] = w[r] . in[row0 + b], b < nb. */
+struct mm_part {
+	const struct wt *w;
+	float *out;
+	uint32_t row0, nb;
+	uint64_t chunks_end; /* matmul.c's: its chunks end here, over all parts */
+};
+/* n parts over the n_rows rows of in ([n_rows][ne0] floats), whose weights
+ * share ne0 and the activation format: the input converted once, all the
+ * parts' rows shared out in one run of the pool (a mixture's experts, each
+ * over the rows of its tokens). */
+void matmul_parts(struct eng_ctx *c, unsigned n, struct mm_part *parts, const float *in,
+		  uint32_t n_rows);
 void matmul_shared(struct eng_ctx *c, unsigned n, const struct wt *const *w, float *const *out,
 		   const float *in, uint32_t nb);
 void matmul1(struct eng_ctx *c, const struct wt *w, float *out, const float *in, uint32_t nb);

@@ -134,9 +134,18 @@ if [ -d "$A" ]; then
 	$E "$A/tiny-qwen35-q4_k_m.gguf" "$T/a.gguf" dim=blk.3.attn_q.weight:1:256
 	expect "bad model: qwen35 attention q without its gate" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
 	one_line "bad model: names the gated q" "tensor 'blk.3.attn_q.weight' has shape \\[256, 256, 1, 1\\], expected \\[256, 512\\]"
-	$E "$A/tiny-qwen3moe-q4_k_m.gguf" "$T/a.gguf"
-	expect "bad model: an architecture of a later issue" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
-	one_line "bad model: qwen3moe is one line" "architecture 'qwen3moe' is not supported"
+	$E "$A/tiny-qwen3moe-q4_k_m.gguf" "$T/a.gguf" dim=blk.1.ffn_up_exps.weight:2:7
+	expect "bad model: qwen3moe experts short of one" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the expert tensor" "tensor 'blk.1.ffn_up_exps.weight' has shape \[256, 256, 7, 1\], expected \[256, 256, 8\]"
+	$E "$A/tiny-qwen3moe-q4_k_m.gguf" "$T/a.gguf" dim=blk.2.ffn_gate_exps.weight:1:128
+	expect "bad model: qwen3moe expert FFN of the wrong size" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the mis-shaped expert tensor" "tensor 'blk.2.ffn_gate_exps.weight' has shape \[256, 128, 8, 1\], expected \[256, 256, 8\]"
+	$E "$A/tiny-qwen3moe-q4_k_m.gguf" "$T/a.gguf" u32=qwen3moe.expert_used_count:9
+	expect "bad model: qwen3moe using more experts than it has" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the expert counts" "invalid expert counts: expert_count 8, expert_used_count 9"
+	$E "$A/tiny-qwen3moe-q4_k_m.gguf" "$T/a.gguf" u32=qwen3moe.expert_count:6
+	expect "bad model: qwen3moe router wider than its count" 2 "$S" eval -m "$T/a.gguf" --tokens 1 --logits-out "$T/x"
+	one_line "bad model: names the router" "tensor 'blk.0.ffn_gate_inp.weight' has shape \[256, 8, 1, 1\], expected \[256, 6\]"
 else
 	echo "skip newer-architecture errors: no $A"
 fi

@@ -7,6 +7,7 @@ of how strata rejects bad models.
   rename=OLD:NEW     tensor OLD is called NEW (same length)
   dim=NAME:I:V       tensor NAME's dimension I becomes V (V elements fewer
                      than the file holds keeps its data in bounds)
+  u32=KEY:V          the unsigned 32-bit metadata value KEY becomes V
 """
 import struct
 import sys
@@ -48,6 +49,17 @@ def main():
             if int(i) >= nd:
                 sys.exit(f'gguf_edit: {name} has {nd} dimensions')
             struct.pack_into('<Q', buf, at + 4 + 8 * int(i), int(v))
+        elif what == 'u32':
+            key, v = arg.split(':')
+            at = buf.find(struct.pack('<Q', len(key)) + key.encode())
+            if at < 0:
+                sys.exit(f'gguf_edit: no key {key}')
+            # key, then type u32 (4: uint32), then the value
+            tat = at + 8 + len(key)
+            t, = struct.unpack_from('<I', buf, tat)
+            if t != 4:
+                sys.exit(f'gguf_edit: {key} is not a u32')
+            struct.pack_into('<I', buf, tat + 4, int(v))
         else:
             sys.exit(f'gguf_edit: unknown edit {e}')
     open(dst, 'wb').write(buf)

@@ -79,11 +79,10 @@ CTL = os.path.join(BUILD, "tools", "stratactl")
 MKMODEL = os.path.join(BUILD, "tools", "strata-mkmodel")
 FAULTFS = os.path.join(BUILD, "tests", "faultfs")
 MODELS = sorted(f for f in os.listdir(os.path.join(FIX, "models")) if f.endswith(".gguf"))
-# The newer architectures (fixtures/arch) that strata runs; tiny-qwen3moe
-# (mixture of experts) is not among them yet.
+# The newer architectures (fixtures/arch), the mixture of experts among them.
 ARCH_MODELS = ["tiny-qwen3-q4_k_m.gguf", "tiny-gemma2-q4_k_m.gguf", "tiny-gemma3-q4_k_m.gguf",
                "tiny-gemma3-q8_0.gguf", "tiny-phi3-q4_k_m.gguf", "tiny-qwen35-q4_k_m.gguf",
-               "tiny-llama-bf16.gguf"]
+               "tiny-llama-bf16.gguf", "tiny-qwen3moe-q4_k_m.gguf"]
 MODEL_DIR = {m: os.path.join(FIX, "models") for m in MODELS}
 MODEL_DIR.update({m: os.path.join(FIX, "arch", "models") for m in ARCH_MODELS
                   if os.path.exists(os.path.join(FIX, "arch", "models", m))})

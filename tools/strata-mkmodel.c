@@ -4,9 +4,9 @@
  *
  * Benchmarks need models the size of real ones (an 8B-shaped Q4_0 file is
  * about 4.3 GiB) that no test fixture carries.  This tool writes a valid GGUF
- * v3 file of the llama, qwen3, gemma2, gemma3 or phi3 architecture with random
- * weights and a synthetic SentencePiece vocabulary, which the engine loads and runs like a downloaded
- * model: tensor names, shapes, types and metadata follow what llama.cpp
+ * v3 file of the llama, qwen3, gemma2, gemma3, phi3, qwen35 or qwen3moe
+ * architecture with random weights and a synthetic SentencePiece vocabulary,
+ * which the engine loads and runs like a downloaded model: tensor names, shapes, types and metadata follow what llama.cpp
  * writes, and the weight scales keep activations bounded so a forward pass
  * gives finite logits.  The text it generates is noise; speed and memory
  * behaviour are what it is for.
@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -55,6 +56,7 @@
 #define MIN_VOCAB 259                 /* 3 specials + 256 byte tokens */
 #define MAX_VOCAB (4u << 20)
 #define MAX_CTX (16u << 20)
+#define MAX_EXPERTS 512               /* the engine's (and the reference's) limit */
 
 /* Every random weight aims at this standard deviation (GPT-2's init): with
  * RMS-normalised inputs a matmul output then has std 0.02 * sqrt(row length),
@@ -91,6 +93,9 @@ struct shape {
 	uint32_t ssm_state;  /* ssm.state_size: head size of its k and v */
 	uint32_t ssm_groups; /* ssm.group_count: k heads */
 	uint32_t ssm_heads;  /* ssm.time_step_rank: v heads */
+	/* qwen3moe's mixture of experts: the FFN is n_expert experts of
+	 * n_ff_exp (n_ff is only the header's feed_forward_length) */
+	uint32_t n_expert, n_expert_used, n_ff_exp;
 };
 
 /*
@@ -103,6 +108,8 @@ struct shape {
  * 32 layers, every fourth full attention (16 heads of 256, 4 KV heads,
  * rotary over a quarter of each head, the output gated), the others Gated
  * DeltaNet (16 k heads and 32 v heads of 128, a 4-wide convolution).
+ * Qwen3-30B-A3B: 48 layers of qwen3 attention (32 heads of 128, 4 KV heads)
+ * and 128 experts of 768, 8 used per token.
  */
 static const struct shape shapes[] = {
 	{ "tiny", 256, 4, 768, 8, 2, 4096, 512, 10000.0f, .arch = NULL },
@@ -124,6 +131,9 @@ static const struct shape shapes[] = {
 	{ "qwen35-9b", 4096, 32, 12288, 16, 4, 248320, 262144, 10000000.0f, .arch = "qwen35",
 	  .head_dim = 256, .n_rot = 64, .full_attn = 4, .ssm_state = 128, .ssm_groups = 16,
 	  .ssm_heads = 32 },
+	{ "qwen3moe-30b-a3b", 2048, 48, 6144, 32, 4, 151936, 40960, 1000000.0f,
+	  .arch = "qwen3moe", .head_dim = 128, .n_expert = 128, .n_expert_used = 8,
+	  .n_ff_exp = 768 },
 };
 #define N_SHAPES (sizeof(shapes) / sizeof(shapes[0]))
 
@@ -192,7 +202,7 @@ static uint32_t tensor_type(enum mix mix, const char *role, uint32_t layer, uint
 		if (!strcmp(role, "output"))
 			return ENG_TYPE_Q6_K;
 		if ((!strcmp(role, "attn_v") || !strcmp(role, "attn_qkv") ||
-		     !strcmp(role, "ffn_down")) &&
+		     !strcmp(role, "ffn_down") || !strcmp(role, "ffn_down_exps")) &&
 		    use_more_bits(layer, n_layer))
 			return ENG_TYPE_Q6_K;
 		return ENG_TYPE_Q4_K;
@@ -594,10 +604,12 @@ struct tensor {
 	char name[48];
 	uint32_t n_dims;
 	uint64_t ne0, ne1; /* ne1 is 1 for the 1-D norms */
+	uint64_t ne2;      /* experts of a 3-D tensor; 1 for the rest */
 	uint32_t type;
 	int32_t layer;   /* -1 outside the layers */
 	bool out_proj;   /* attn_output, ffn_down, ssm_out: what a layer adds to the residual */
 	float fill;      /* an F32 tensor's every value (1 for norms) */
+	bool router;     /* F32 random rows instead (a mixture's ffn_gate_inp) */
 	uint64_t offset; /* from the start of the data section */
 	uint64_t size;
 };
@@ -612,6 +624,7 @@ struct plan {
 	size_t n_t;
 	uint64_t n_params;
 	uint64_t data_size;
+	double router_skew; /* ffn_gate_inp row e scaled by exp(-skew * e / n_expert) */
 	struct buf head; /* header, KVs and tensor infos, padded to ALIGNMENT */
 };
 
@@ -633,8 +646,8 @@ static void plan_destroy(struct plan *p)
  * llama.cpp names them).  ne1 0: a 1-D F32 tensor (norms, biases); f32: a
  * 2-D one (the DeltaNet's convolution); both filled with `fill`.
  */
-static int add_tensor(struct plan *p, const char *role, int32_t layer, uint64_t ne0,
-		      uint64_t ne1, bool f32, float fill)
+static int add_tensor3(struct plan *p, const char *role, int32_t layer, uint64_t ne0,
+		       uint64_t ne1, uint64_t ne2, bool f32, float fill, bool router)
 {
 	struct tensor *t = &p->t[p->n_t++];
 	const char *suffix = strchr(role, '.') || !strcmp(role, "ssm_a") ? "" : ".weight";
@@ -649,9 +662,11 @@ static int add_tensor(struct plan *p, const char *role, int32_t layer, uint64_t 
 	t->out_proj = layer >= 0 && (!strcmp(role, "attn_output") || !strcmp(role, "ffn_down") ||
 				     !strcmp(role, "ssm_out"));
 	t->fill = fill;
+	t->router = router;
 	t->ne0 = ne0;
 	t->ne1 = is_1d ? 1 : ne1;
-	t->n_dims = is_1d ? 1 : 2;
+	t->ne2 = ne2;
+	t->n_dims = is_1d ? 1 : ne2 > 1 ? 3 : 2;
 	t->type = is_1d || f32 ? ENG_TYPE_F32
 			       : tensor_type(p->mix->mix, role, layer < 0 ? 0 : (uint32_t)layer,
 					     p->sh.n_layer);
@@ -661,11 +676,17 @@ static int add_tensor(struct plan *p, const char *role, int32_t layer, uint64_t 
 		    ne0, ti.name, ti.blck);
 		return -EINVAL;
 	}
-	t->size = ne0 / ti.blck * ti.bytes * t->ne1;
+	t->size = ne0 / ti.blck * ti.bytes * t->ne1 * ne2;
 	t->offset = align_up(p->data_size, ALIGNMENT);
 	p->data_size = t->offset + t->size;
-	p->n_params += ne0 * t->ne1;
+	p->n_params += ne0 * t->ne1 * ne2;
 	return 0;
+}
+
+static int add_tensor(struct plan *p, const char *role, int32_t layer, uint64_t ne0,
+		      uint64_t ne1, bool f32, float fill)
+{
+	return add_tensor3(p, role, layer, ne0, ne1, 1, f32, fill, false);
 }
 
 static bool is_arch(const struct shape *s, const char *a)
@@ -680,7 +701,9 @@ static int plan_tensors(struct plan *p)
 	const struct shape *s = &p->sh;
 	uint64_t q_dim = (uint64_t)s->n_head * p->head_dim;
 	uint64_t kv_dim = (uint64_t)s->n_head_kv * p->head_dim;
-	bool qk_norm = is_arch(s, "qwen3") || is_arch(s, "gemma3") || is_arch(s, "qwen35");
+	bool qk_norm = is_arch(s, "qwen3") || is_arch(s, "gemma3") || is_arch(s, "qwen35") ||
+		       is_arch(s, "qwen3moe");
+	bool moe = s->n_expert > 0;
 	bool post_norms = is_arch(s, "gemma2") || is_arch(s, "gemma3");
 	bool fused = is_arch(s, "phi3");
 	bool gated_q = is_arch(s, "qwen35");
@@ -729,9 +752,9 @@ static int plan_tensors(struct plan *p)
 			{ "ssm_out", rec, ssm_inner, s->n_embd, false, 0 },
 			{ "post_attention_norm", post_norms || gated_q, s->n_embd, 0, true, 1 },
 			{ "ffn_norm", !gated_q, s->n_embd, 0, true, 1 },
-			{ "ffn_gate", !fused, s->n_embd, s->n_ff, false, 0 },
-			{ "ffn_up", true, s->n_embd, (fused ? 2 : 1) * (uint64_t)s->n_ff, false, 0 },
-			{ "ffn_down", true, s->n_ff, s->n_embd, false, 0 },
+			{ "ffn_gate", !fused && !moe, s->n_embd, s->n_ff, false, 0 },
+			{ "ffn_up", !moe, s->n_embd, (fused ? 2 : 1) * (uint64_t)s->n_ff, false, 0 },
+			{ "ffn_down", !moe, s->n_ff, s->n_embd, false, 0 },
 			{ "post_ffw_norm", post_norms, s->n_embd, 0, true, 1 },
 		};
 
@@ -739,6 +762,18 @@ static int plan_tensors(struct plan *p)
 			if (l[j].present && (rc = add_tensor(p, l[j].role, (int32_t)i, l[j].ne0,
 							     l[j].ne1, l[j].f32, l[j].fill)))
 				return rc;
+		/* the router (F32, random rows), then the experts, each 3-D
+		 * tensor their matrices one after the other */
+		if (moe &&
+		    ((rc = add_tensor3(p, "ffn_gate_inp", (int32_t)i, s->n_embd, s->n_expert, 1, true,
+				       0, true)) ||
+		     (rc = add_tensor3(p, "ffn_gate_exps", (int32_t)i, s->n_embd, s->n_ff_exp,
+				       s->n_expert, false, 0, false)) ||
+		     (rc = add_tensor3(p, "ffn_up_exps", (int32_t)i, s->n_embd, s->n_ff_exp,
+				       s->n_expert, false, 0, false)) ||
+		     (rc = add_tensor3(p, "ffn_down_exps", (int32_t)i, s->n_ff_exp, s->n_embd,
+				       s->n_expert, false, 0, false))))
+			return rc;
 	}
 	if ((rc = add_tensor(p, "output_norm", -1, s->n_embd, 0, true, 1)) ||
 	    (!s->tied && (rc = add_tensor(p, "output", -1, s->n_embd, s->n_vocab, false, 0))))
@@ -802,6 +837,11 @@ static int plan_header(struct plan *p)
 		kv_u32(b, &n_kv, K("ssm.inner_size"), s->ssm_heads * s->ssm_state);
 		kv_u32(b, &n_kv, K("full_attention_interval"), s->full_attn);
 	}
+	if (s->n_expert) {
+		kv_u32(b, &n_kv, K("expert_count"), s->n_expert);
+		kv_u32(b, &n_kv, K("expert_used_count"), s->n_expert_used);
+		kv_u32(b, &n_kv, K("expert_feed_forward_length"), s->n_ff_exp);
+	}
 #undef K
 
 	kv_str(b, &n_kv, "tokenizer.ggml.model", "llama");
@@ -833,8 +873,10 @@ static int plan_header(struct plan *p)
 		put_str(b, t->name, strlen(t->name));
 		put_u32(b, t->n_dims);
 		put_u64(b, t->ne0);
-		if (t->n_dims == 2)
+		if (t->n_dims >= 2)
 			put_u64(b, t->ne1);
+		if (t->n_dims == 3)
+			put_u64(b, t->ne2);
 		put_u32(b, t->type);
 		put_u64(b, t->offset);
 	}
@@ -848,13 +890,15 @@ static int plan_header(struct plan *p)
 }
 
 /* Checks the dimensions the engine would refuse, then plans the whole file. */
-static int plan_create(struct plan *p, const struct shape *s, const struct mixinfo *mix)
+static int plan_create(struct plan *p, const struct shape *s, const struct mixinfo *mix,
+		       double router_skew)
 {
 	int rc;
 
 	memset(p, 0, sizeof(*p));
 	p->sh = *s;
 	p->mix = mix;
+	p->router_skew = router_skew;
 	if (s->n_head == 0 || (!s->head_dim && s->n_embd % s->n_head) ||
 	    (s->head_dim ? s->head_dim : s->n_embd / s->n_head) % 2 || s->n_head_kv == 0 ||
 	    s->n_head % s->n_head_kv) {
@@ -935,7 +979,32 @@ static int out_put(struct out *o, const void *src, size_t n)
 	return 0;
 }
 
-static int out_tensor(struct out *o, const struct tensor *t, uint64_t seed, double out_gain)
+/* A router's rows: F32 of std WEIGHT_STD (the same Irwin-Hall sum as
+ * F16's), row e scaled by exp(-skew * e / rows).  A row of larger scale
+ * gives logits of larger spread, which reach the top k more often: the
+ * first experts are preferred, the more the larger the skew. */
+static int out_router(struct out *o, const struct tensor *t, struct rng *r, double skew)
+{
+	for (uint64_t e = 0; e < t->ne1; e++) {
+		double std = WEIGHT_STD * exp(-skew * (double)e / (double)t->ne1) / 147.80;
+
+		for (uint64_t i = 0; i < t->ne0; i++) {
+			uint64_t v = rng_next(r);
+			float f = (float)((double)((v & 0xFF) + ((v >> 8) & 0xFF) +
+						   ((v >> 16) & 0xFF) + ((v >> 24) & 0xFF)) -
+					  510.0) *
+				  (float)std;
+			int rc = out_put(o, &f, 4);
+
+			if (rc)
+				return rc;
+		}
+	}
+	return 0;
+}
+
+static int out_tensor(struct out *o, const struct tensor *t, uint64_t seed, double out_gain,
+		      double router_skew)
 {
 	static const uint8_t zero[ALIGNMENT];
 	struct typeinfo ti = typeinfo(t->type);
@@ -949,6 +1018,8 @@ static int out_tensor(struct out *o, const struct tensor *t, uint64_t seed, doub
 		return rc;
 	rng_seed(&r, seed, t->name);
 	scales_init(t->out_proj ? WEIGHT_STD * out_gain : WEIGHT_STD);
+	if (t->router)
+		return out_router(o, t, &r, router_skew);
 	if (t->type == ENG_TYPE_F32) {
 		for (uint64_t i = 0; i < n; i++)
 			if ((rc = out_put(o, &t->fill, 4)))
@@ -1037,7 +1108,7 @@ static int write_model(const struct plan *p, const char *path, uint64_t seed, do
 		goto err_unlink;
 	}
 	for (size_t i = 0; i < p->n_t; i++)
-		if ((rc = out_tensor(&o, &p->t[i], seed, out_gain)))
+		if ((rc = out_tensor(&o, &p->t[i], seed, out_gain, p->router_skew)))
 			goto err_unlink;
 	if ((rc = out_flush(&o)))
 		goto err_unlink;
@@ -1092,10 +1163,11 @@ err_free:
 static const char usage_text[] =
 	"usage: strata-mkmodel --shape NAME --type TYPE -o OUT.gguf [--seed S]\n"
 	"                      [--layers N] [--vocab N] [--ctx N] [--out-gain G]\n"
+	"                      [--router-skew S] [--experts N]\n"
 	"       strata-mkmodel --list [--shape NAME] [--layers N] [--vocab N] [--ctx N]\n"
 	"\n"
 	"Writes a GGUF v3 llama model of a real shape with random weights, for\n"
-	"benchmarks.  Shapes: tiny, small, llama-1b, llama-3b, llama-7b, llama-8b\n"
+	"benchmarks.  Shapes: tiny, small, llama-1b, ... qwen3moe-30b-a3b\n"
 	"(--list shows them).  Types: f16, q8_0, q4_0, q4_k_m, q6_k.\n"
 	"--layers, --vocab and --ctx override the shape's values; the seed\n"
 	"(default 1) makes the file reproducible.  --out-gain G scales every\n"
@@ -1103,6 +1175,10 @@ static const char usage_text[] =
 	"layers that barely change the residual stream, so a one-layer model of\n"
 	"the same seed and gain (--layers 1) guesses its tokens well -- a\n"
 	"target/draft pair for speculative decoding whose acceptance G sets.\n"
+	"--router-skew S (mixture-of-experts shapes) scales router row e by\n"
+	"exp(-S e / experts), so the first experts are picked more often; random\n"
+	"routers (S 0) do not route as trained ones do (docs/mkmodel.md).\n"
+	"--experts N overrides a mixture's expert count (at least the number used).\n"
 	"\n"
 	"Exit status: 0 ok, 1 usage error, 2 the model could not be written.\n";
 
@@ -1156,10 +1232,12 @@ static int list_shapes(const struct shape *only, const struct shape *ov)
 			s.n_vocab = ov->n_vocab;
 		if (ov->n_ctx)
 			s.n_ctx = ov->n_ctx;
+		if (ov->n_expert && s.n_expert)
+			s.n_expert = ov->n_expert;
 		for (size_t j = 0; j < N_MIXES; j++) {
 			struct plan p;
 
-			if (plan_create(&p, &s, &mixes[j]))
+			if (plan_create(&p, &s, &mixes[j], 0))
 				return EXIT_FAIL;
 			if (j == 0) {
 				print_count(params, sizeof(params), p.n_params);
@@ -1186,6 +1264,8 @@ int main(int argc, char **argv)
 		{ "vocab", required_argument, NULL, 'V' },
 		{ "ctx", required_argument, NULL, 'C' },
 		{ "out-gain", required_argument, NULL, 'G' },
+		{ "router-skew", required_argument, NULL, 'R' },
+		{ "experts", required_argument, NULL, 'E' },
 		{ "list", no_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -1195,7 +1275,7 @@ int main(int argc, char **argv)
 	struct shape ov = { 0 }, s;
 	const char *out = NULL;
 	uint64_t seed = 1, v;
-	double out_gain = 1.0;
+	double out_gain = 1.0, router_skew = 0;
 	bool list = false;
 	struct plan p;
 	int c, rc;
@@ -1264,6 +1344,19 @@ int main(int argc, char **argv)
 				return usage("--out-gain needs a number from 0 to 100");
 			break;
 		}
+		case 'E':
+			if (!parse_u64(optarg, 1, MAX_EXPERTS, &v))
+				return usage("--experts needs a number from 1 to 512");
+			ov.n_expert = (uint32_t)v;
+			break;
+		case 'R': {
+			char *end;
+
+			router_skew = strtod(optarg, &end);
+			if (end == optarg || *end || !(router_skew >= 0 && router_skew <= 50))
+				return usage("--router-skew needs a number from 0 to 50");
+			break;
+		}
 		case 'l':
 			list = true;
 			break;
@@ -1288,6 +1381,15 @@ int main(int argc, char **argv)
 	}
 	if (!shape || !mix || !out)
 		return usage("--shape, --type and -o are required");
+	if ((router_skew > 0 || ov.n_expert) && !shape->n_expert)
+		return usage("--router-skew and --experts are for a mixture-of-experts shape");
+	if (ov.n_expert && ov.n_expert < shape->n_expert_used) {
+		char why[96];
+
+		snprintf(why, sizeof(why), "--experts %u is fewer than the %u a token uses",
+			 ov.n_expert, shape->n_expert_used);
+		return usage(why);
+	}
 
 	s = *shape;
 	if (ov.n_layer)
@@ -1296,7 +1398,9 @@ int main(int argc, char **argv)
 		s.n_vocab = ov.n_vocab;
 	if (ov.n_ctx)
 		s.n_ctx = ov.n_ctx;
-	if (plan_create(&p, &s, mix))
+	if (ov.n_expert)
+		s.n_expert = ov.n_expert;
+	if (plan_create(&p, &s, mix, router_skew))
 		return EXIT_FAIL;
 	rc = write_model(&p, out, seed, out_gain);
 	plan_destroy(&p);
