@@ -160,13 +160,23 @@ static int read_config(const char *path, char ***v, int *n)
 	return rc;
 }
 
+/* The expanded argv: the config points into it until exit, when it is freed
+ * (so that the sanitizer build's leak check sees no leak on any way out). */
+static char **expanded_argv;
+static int expanded_argc;
+
+static void free_expanded(void)
+{
+	for (int i = 0; i < expanded_argc; i++)
+		free(expanded_argv[i]);
+	free(expanded_argv);
+}
+
 /* argv with --config FILE replaced by what FILE says, in front of the rest */
 static int expand_config(int *argc, char ***argv)
 {
-	char **v = NULL;
-	int n = 0;
-
-	add_arg(&v, &n, (*argv)[0]);
+	atexit(free_expanded);
+	add_arg(&expanded_argv, &expanded_argc, (*argv)[0]);
 	for (int i = 1; i < *argc; i++) {
 		const char *a = (*argv)[i];
 
@@ -179,7 +189,7 @@ static int expand_config(int *argc, char ***argv)
 				fprintf(stderr, "stratad: option '--config' needs a value\n");
 				return 1;
 			}
-			if (read_config(file, &v, &n))
+			if (read_config(file, &expanded_argv, &expanded_argc))
 				return 1;
 		}
 	}
@@ -191,10 +201,10 @@ static int expand_config(int *argc, char ***argv)
 			continue;
 		}
 		if (strncmp(a, "--config=", 9))
-			add_arg(&v, &n, a);
+			add_arg(&expanded_argv, &expanded_argc, a);
 	}
-	*argc = n;
-	*argv = v; /* kept until exit: the config points into it */
+	*argc = expanded_argc;
+	*argv = expanded_argv;
 	return 0;
 }
 

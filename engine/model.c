@@ -358,6 +358,12 @@ static int model_load(const void *base, size_t size, bool vocab_only, struct eng
 fail:
 	if (rc == -ENOMEM)
 		snprintf(err, errlen, "out of memory");
+	/* Reasons quote names from the file (keys, tensors, tokens): a
+	 * hostile one could put a newline or a terminal escape in them.  The
+	 * reason is one line of plain text, whatever the file says. */
+	for (char *c = err; errlen && *c; c++)
+		if ((unsigned char)*c < 0x20 || *c == 0x7f)
+			*c = '?';
 	eng_model_destroy(m);
 	return rc;
 }

@@ -761,7 +761,8 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
 			const int8_t *q8 = y[i].qs + 128 * h;
 			/* scales 8h .. 8h + 7 in both halves */
-			const __m256i sch = _mm256_permute4x64_epi64(sc16, h ? 0xee : 0x44);
+			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
+					 : _mm256_permute4x64_epi64(sc16, 0x44);
 			__m256i q[4];
 
 			q6_k_unpack(ql, qhp, q);

@@ -99,7 +99,10 @@ q4_0_rows(const unsigned nrows, const uint8_t *rows, size_t stride, size_t ib, _
 				(const struct eng_block_q4_0 *)(rows + (p + 4 * j) * stride) + ib;
 			const __m128i q = _mm_loadu_si128((const void *)x->qs);
 
-			raw[p] = j ? _mm512_inserti32x4(raw[p], q, (int)j) : _mm512_zextsi128_si512(q);
+			raw[p] = j == 0   ? _mm512_zextsi128_si512(q)
+				 : j == 1 ? _mm512_inserti32x4(raw[p], q, 1)
+				 : j == 2 ? _mm512_inserti32x4(raw[p], q, 2)
+					  : _mm512_inserti32x4(raw[p], q, 3);
 			d[j] |= (uint64_t)x->d << (16 * p);
 		}
 	}
@@ -660,7 +663,8 @@ VNNI static void vec_dot_q6_k_q8_k_vnni(size_t n, float *out, const void *w, con
 			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
 			const int8_t *q8 = y[i].qs + 128 * h;
 			/* scales 8h .. 8h + 7 in both halves */
-			const __m256i sch = _mm256_permute4x64_epi64(sc16, h ? 0xee : 0x44);
+			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
+					 : _mm256_permute4x64_epi64(sc16, 0x44);
 			__m256i q[4];
 
 			q6_k_unpack(ql, qhp, q);

@@ -90,8 +90,9 @@ static int recv_msg(int fd, uint16_t want, uint8_t *buf, uint32_t cap, uint32_t 
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
 			     .msg_controllen = sizeof(cm.b) };
 	int got_fd = -1, rc = 0;
+	struct proto_msg msg;
+	const char *why = "";
 	uint32_t plen;
-	uint16_t type;
 	ssize_t n;
 
 	if (!raw) {
@@ -120,28 +121,19 @@ static int recv_msg(int fd, uint16_t want, uint8_t *buf, uint32_t cap, uint32_t 
 		rc = -ECONNRESET;
 		goto out;
 	}
-	if (n < PROTO_HDR_SIZE || proto_get_u32(raw) != PROTO_MAGIC || raw[4] != PROTO_VERSION ||
-	    (mh.msg_flags & MSG_TRUNC)) {
-		snprintf(err, errlen, "the daemon speaks another protocol");
+	if ((mh.msg_flags & MSG_TRUNC) || proto_decode(raw, (size_t)n, &msg, &why)) {
+		snprintf(err, errlen, "the daemon sent a malformed message: %s", why);
 		rc = -EPROTO;
 		goto out;
 	}
-	type = (uint16_t)(raw[6] | raw[7] << 8);
-	plen = proto_get_u32(raw + 8);
-	if (plen != (uint64_t)n - PROTO_HDR_SIZE) {
-		snprintf(err, errlen, "truncated message from the daemon");
-		rc = -EPROTO;
+	plen = msg.len;
+	if (msg.type == PROTO_ERROR) {
+		snprintf(err, errlen, "%.*s", (int)msg.u.error.text_len, msg.u.error.text);
+		rc = -msg.u.error.err;
 		goto out;
 	}
-	if (type == PROTO_ERROR && plen >= 4) {
-		snprintf(err, errlen, "%.*s", (int)(plen - 4), (const char *)raw + PROTO_HDR_SIZE + 4);
-		rc = -(int)proto_get_u32(raw + PROTO_HDR_SIZE);
-		if (rc >= 0 || rc < -4095)
-			rc = -EPROTO;
-		goto out;
-	}
-	if (type != want || plen > cap) {
-		snprintf(err, errlen, "unexpected message %u from the daemon", type);
+	if (msg.type != want || plen > cap) {
+		snprintf(err, errlen, "unexpected message %u from the daemon", msg.type);
 		rc = -EPROTO;
 		goto out;
 	}
@@ -196,60 +188,58 @@ static void default_lost(const char *why)
 
 /* Map [base + off, + len) again from the slots (from) or the model (from =
  * PROTO_FROM_MODEL), registered with our uffd; see the top of the file. */
-static int remap(struct pager_client *c, uint64_t off, uint64_t len, uint64_t from)
+static int remap(struct pager_client *c, const struct proto_range *r)
 {
-	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-	bool model = from == PROTO_FROM_MODEL;
+	bool model = r->from == PROTO_FROM_MODEL;
 	void *tmp, *to;
 
-	if (!len || off % page || len % page || off > c->map_size || len > c->map_size - off ||
-	    (!model && (from % page || c->slotfd < 0 || from > c->slots_size ||
-			len > c->slots_size - from)))
+	if (!proto_range_ok(r, c->map_size, c->slotfd < 0 ? 0 : c->slots_size,
+			    (uint64_t)sysconf(_SC_PAGESIZE)))
 		return -EPROTO;
-	tmp = mmap(NULL, len, PROT_READ, MAP_SHARED, model ? c->memfd : c->slotfd,
-		   (off_t)(model ? off : from));
+	tmp = mmap(NULL, r->len, PROT_READ, MAP_SHARED, model ? c->memfd : c->slotfd,
+		   (off_t)(model ? r->off : r->from));
 	if (tmp == MAP_FAILED)
 		return -errno;
 	struct uffdio_register ur = {
-		.range = { .start = (uint64_t)(uintptr_t)tmp, .len = len },
+		.range = { .start = (uint64_t)(uintptr_t)tmp, .len = r->len },
 		.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_MINOR,
 	};
 	if (ioctl(c->uffd, UFFDIO_REGISTER, &ur) < 0) {
 		int e = -errno;
 
-		munmap(tmp, len);
+		munmap(tmp, r->len);
 		return e;
 	}
-	to = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (uint8_t *)c->base + off);
+	to = mremap(tmp, r->len, r->len, MREMAP_MAYMOVE | MREMAP_FIXED, (uint8_t *)c->base + r->off);
 	if (to == MAP_FAILED) {
 		int e = -errno;
 
-		munmap(tmp, len);
+		munmap(tmp, r->len);
 		return e;
 	}
 	return 0;
 }
 
-/* A REMAP: carry out every range, then say so.  A failure leaves this
- * process unable to tell which bytes it would read: it ends. */
-static void on_remap(struct pager_client *c, const uint8_t *pl, uint32_t len)
+/* A REMAP (decoded by the watchdog): carry out every range, then say so.  A
+ * failure leaves this process unable to tell which bytes it would read: it
+ * ends. */
+static void on_remap(struct pager_client *c, const struct proto_msg *m)
 {
 	uint8_t ack[PROTO_REMAPPED_SIZE];
-	uint32_t n = len >= PROTO_REMAP_FIXED ? proto_get_u32(pl + 4) : 0;
 	static char why[200];
 
-	if (n == 0 || n > PROTO_REMAP_MAX || len != PROTO_REMAP_FIXED + n * PROTO_REMAP_RANGE)
-		c->on_lost("the pager sent a malformed REMAP");
-	for (uint32_t i = 0; i < n; i++) {
-		const uint8_t *r = pl + PROTO_REMAP_FIXED + i * PROTO_REMAP_RANGE;
-		int rc = remap(c, proto_get_u64(r), proto_get_u64(r + 8), proto_get_u64(r + 16));
+	for (uint32_t i = 0; i < m->u.remap.n; i++) {
+		struct proto_range r;
+		int rc;
 
+		proto_remap_range(m, i, &r);
+		rc = remap(c, &r);
 		if (rc) {
 			snprintf(why, sizeof(why), "cannot map a streamed layer: %s", strerror(-rc));
 			c->on_lost(why);
 		}
 	}
-	memcpy(ack, pl, 4);
+	proto_put_u32(ack, m->u.remap.seq);
 	/* A failed send is a daemon gone or dropping us: the watchdog sees
 	 * the socket close, with the daemon's reason if it gave one. */
 	proto_send(c->sock, PROTO_REMAPPED, ack, sizeof(ack), -1);
@@ -272,7 +262,11 @@ static void *remapper(void *arg)
 		if (!c->jobs)
 			c->jobs_tail = &c->jobs;
 		pthread_mutex_unlock(&c->lock);
-		on_remap(c, j->payload, j->len);
+		struct proto_msg m;
+
+		if (proto_decode(j->payload, j->len, &m, NULL) == 0)
+			on_remap(c, &m);
+
 		free(j);
 		pthread_mutex_lock(&c->lock);
 	}
@@ -280,7 +274,8 @@ static void *remapper(void *arg)
 	return NULL;
 }
 
-/* Hand a REMAP to the remapper thread. */
+/* Hand a REMAP (the whole message, decoded once already) to the remapper
+ * thread. */
 static void queue_remap(struct pager_client *c, const uint8_t *pl, uint32_t len)
 {
 	struct remap_job *j = malloc(sizeof(*j) + len);
@@ -322,21 +317,28 @@ static void *watchdog(void *arg)
 		 * (its ERROR, maybe): read on. */
 		if (n < 0 && (errno == EAGAIN || errno == EINTR || errno == ECONNRESET))
 			continue;
-		if (n >= PROTO_HDR_SIZE && proto_get_u32(buf) == PROTO_MAGIC &&
-		    proto_get_u32(buf + 8) == (uint64_t)n - PROTO_HDR_SIZE) {
-			uint16_t type = (uint16_t)(buf[6] | buf[7] << 8);
+		if (n > 0) {
+			struct proto_msg m;
+			const char *bad = "";
 
-			if (type == PROTO_REMAP) {
-				queue_remap(c, buf + PROTO_HDR_SIZE, (uint32_t)(n - PROTO_HDR_SIZE));
+			if (proto_decode(buf, (size_t)n, &m, &bad)) {
+				static char why[300];
+
+				snprintf(why, sizeof(why), "the pager sent a malformed message: %s", bad);
+				c->on_lost(why);
+			}
+			if (m.type == PROTO_REMAP) {
+				queue_remap(c, buf, (uint32_t)n);
 				continue;
 			}
-			if (type == PROTO_ERROR && n > PROTO_HDR_SIZE + 4) {
+			if (m.type == PROTO_ERROR) {
 				static char why[400];
 
 				snprintf(why, sizeof(why), "the pager dropped this engine: %.*s",
-					 (int)(n - PROTO_HDR_SIZE - 4), buf + PROTO_HDR_SIZE + 4);
+					 (int)m.u.error.text_len, m.u.error.text);
 				c->on_lost(why);
 			}
+			c->on_lost("the pager sent an unexpected message");
 		}
 		c->on_lost("pager daemon died (its connection closed)");
 	}
@@ -412,8 +414,7 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 			goto fail;
 		}
 	}
-	if (file_size == 0 || file_size > c->map_size || c->map_size > (uint64_t)SIZE_MAX ||
-	    c->map_size % (uint64_t)sysconf(_SC_PAGESIZE)) {
+	if (!proto_model_ok(file_size, c->map_size, (uint64_t)sysconf(_SC_PAGESIZE))) {
 		snprintf(err, errlen, "the daemon sent impossible sizes");
 		rc = -EPROTO;
 		goto fail;

@@ -695,6 +695,7 @@ int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 	}
 	f->p = p;
 	f->se = fuse_session_new(&args, &ops, sizeof(ops), p);
+	fuse_opt_free_args(&args); /* the session may have copied them */
 	if (!f->se || fuse_session_mount(f->se, dir)) {
 		snprintf(err, errlen, "%s: cannot mount (is /dev/fuse there, and are we root?)", dir);
 		if (f->se)

@@ -50,6 +50,8 @@
 #ifndef STRATA_PROTO_I_H
 #define STRATA_PROTO_I_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define PROTO_MAGIC 0x41525453u
@@ -171,6 +173,54 @@ struct proto_hdr {
 	uint32_t reserved;
 };
 _Static_assert(sizeof(struct proto_hdr) == PROTO_HDR_SIZE, "wire header");
+
+/* One message as proto_decode() found it: the header's type and length, the
+ * payload (pointing into the caller's buffer) and its fields by type. */
+struct proto_msg {
+	uint16_t type;
+	uint32_t len;
+	const uint8_t *pl;
+	union {
+		struct { uint32_t role, name_len; uint64_t declared; const char *name; } hello;
+		struct {
+			uint64_t file_size, map_size, model_id, slots_size, engine_room, engine_limit;
+			uint32_t n_units, page_size;
+		} model;
+		struct { uint64_t base, length; } reg;
+		struct { uint32_t resident_units; } ready;
+		struct { bool json; } status_req;
+		struct { int err; const char *text; uint32_t text_len; } error;
+		struct { uint64_t declared_bytes, kv_bytes; } declare;
+		struct { uint32_t seq, n; } remap;
+		struct { uint32_t seq; } remapped;
+		struct {
+			uint32_t tokens, n_layers, outside_us, passes, produced;
+			uint64_t wall_ns;
+			const uint8_t *layer_us; /* n_layers u32 */
+		} pass;
+	} u;
+};
+
+/* One range of a REMAP. */
+struct proto_range {
+	uint64_t off, len, from;
+};
+
+/*
+ * Check the n bytes of one received datagram (proto.c): header, known type,
+ * the payload's size for its type, the lengths and counts it carries.  0 and
+ * *m filled, or -EPROTO with a reason for the log in *why.  Which message may
+ * come when, and the file descriptors, are the caller's to check.
+ */
+int proto_decode(const uint8_t *buf, size_t n, struct proto_msg *m, const char **why);
+/* Range i (< u.remap.n) of a decoded REMAP. */
+void proto_remap_range(const struct proto_msg *m, uint32_t i, struct proto_range *r);
+/* Whether a REMAP range lies inside a mapping of map_size bytes and, unless it
+ * is from the model, the slots memfd of slots_size bytes; page aligned. */
+bool proto_range_ok(const struct proto_range *r, uint64_t map_size, uint64_t slots_size,
+		    uint64_t page);
+/* Whether a MODEL's file and map sizes are possible with this page size. */
+bool proto_model_ok(uint64_t file_size, uint64_t map_size, uint64_t page);
 
 /* Send one message (header + payload, and pass_fd unless it is -1) without
  * blocking; 0 or -EIO. */

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #ifdef HAVE_NUMA
 #include <numa.h>
@@ -384,6 +385,51 @@ static void loaded(struct model *m, unsigned u)
 	pager_policy_advance(m);
 }
 
+/*
+ * Whether m's file is no longer the one opened: written in place, truncated,
+ * grown (its size or modification time moved).  Checked after
+ * each unit's reads: bytes read from a file being rewritten may be half old,
+ * half new, and an engine must never compute with them.  A file replaced by a
+ * rename is another inode; the one we hold is intact, and is served on.
+ */
+static bool file_changed(struct model *m)
+{
+	struct stat st;
+
+	if (m->changed)
+		return true;
+	if (fstat(m->fd, &st) < 0)
+		return false; /* cannot tell; the reads said they worked */
+	/* not the change time: unlinking the file (a rename over it) moves it */
+	if (st.st_size == m->file_st.st_size &&
+	    st.st_mtim.tv_sec == m->file_st.st_mtim.tv_sec &&
+	    st.st_mtim.tv_nsec == m->file_st.st_mtim.tv_nsec)
+		return false;
+	m->changed = true;
+	pager_log(PAGER_LOG_ERR, "%s: the file changed on disk while served (size %lld, was %lld): "
+		  "nothing more is read from it; restart stratad to serve the new file", m->name,
+		  (long long)st.st_size, (long long)m->file_st.st_size);
+	return true;
+}
+
+/* Every read of unit u is done: loaded, or, after any error (or with the
+ * file changed under them), failed, and never mapped. */
+static void finish_load(struct model *m, unsigned u)
+{
+	struct ustat *us = &m->us[u];
+
+	if (!us->io_err && file_changed(m))
+		us->io_err = -ESTALE;
+	if (us->io_err) {
+		/* The data is not there: what waits for it cannot go on. */
+		release(m, u);
+		for (unsigned i = 0; i < m->p->n_consumers; i++)
+			m->p->consumers[i]->unit_failed(m, u);
+		return;
+	}
+	loaded(m, u);
+}
+
 int pager_load(struct model *m, unsigned u)
 {
 	const struct pager_unit *un = &m->lay->units[u];
@@ -437,8 +483,11 @@ int pager_load(struct model *m, unsigned u)
 	}
 	/* drop the hold; completes now if every chunk already finished */
 	if (--m->us[u].reads_left == 0) {
+		int err = m->us[u].io_err;
+
 		free(tag);
-		loaded(m, u);
+		finish_load(m, u);
+		return err;
 	}
 	return m->us[u].io_err;
 }
@@ -474,14 +523,7 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 	if (!last || --us->reads_left)
 		return;
 	free(tag);
-	if (us->io_err) {
-		/* The data is not there: what waits for it cannot go on. */
-		release(m, u);
-		for (unsigned i = 0; i < m->p->n_consumers; i++)
-			m->p->consumers[i]->unit_failed(m, u);
-		return;
-	}
-	loaded(m, u);
+	finish_load(m, u);
 }
 
 /* ---- policy ----------------------------------------------------------- */

@@ -154,24 +154,13 @@ static struct model *find_model(struct pager *p, const char *name, size_t len)
 }
 
 
-static void on_hello(struct client *c, const uint8_t *pl, uint32_t len)
+static void on_hello(struct client *c, const struct proto_msg *msg)
 {
 	struct pager *p = c->p;
-	uint32_t role, name_len;
+	uint32_t role = msg->u.hello.role, name_len = msg->u.hello.name_len;
 	uint8_t mp[PROTO_MODEL_SIZE];
 	struct model *m;
 
-	if (len < PROTO_HELLO_FIXED) {
-		pager_drop_client(c, "short HELLO");
-		return;
-	}
-	role = proto_get_u32(pl);
-	name_len = proto_get_u32(pl + 4);
-	if (name_len > PROTO_MAX_NAME || name_len != len - PROTO_HELLO_FIXED) {
-		send_error(c, EPROTO, "HELLO name length does not match the message");
-		pager_drop_client(c, "malformed HELLO");
-		return;
-	}
 	if (role == PROTO_ROLE_CONTROL) {
 		c->state = C_CONTROL;
 		return;
@@ -181,12 +170,18 @@ static void on_hello(struct client *c, const uint8_t *pl, uint32_t len)
 		pager_drop_client(c, "unknown role");
 		return;
 	}
-	c->declared = proto_get_u64(pl + 8);
-	m = find_model(p, (const char *)pl + PROTO_HELLO_FIXED, name_len);
+	c->declared = msg->u.hello.declared;
+	m = find_model(p, msg->u.hello.name, name_len);
 	if (!m) {
 		send_error(c, ENOENT, "model '%.*s' is not served here", (int)(name_len > 200 ? 200 : name_len),
-			   (const char *)pl + PROTO_HELLO_FIXED);
+			   msg->u.hello.name);
 		pager_drop_client(c, "it asked for a model not served");
+		return;
+	}
+	if (m->changed) {
+		send_error(c, ESTALE, "%s changed on disk while served: restart stratad to serve it again",
+			   m->name);
+		pager_drop_client(c, "it asked for a model whose file changed");
 		return;
 	}
 	/* The client gets the memfd itself: userfaultfd refuses to register
@@ -214,7 +209,7 @@ static void on_hello(struct client *c, const uint8_t *pl, uint32_t len)
 	m->n_clients++;
 }
 
-static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int fd)
+static void on_register(struct client *c, const struct proto_msg *msg, int fd)
 {
 	struct pager *p = c->p;
 	struct model *m = c->m;
@@ -224,10 +219,8 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 	uint8_t ready[PROTO_READY_SIZE] = { 0 };
 	unsigned mapped = 0;
 
-	if (len != PROTO_REGISTER_SIZE || fd < 0) {
-		pager_drop_client(c, "malformed REGISTER");
-		if (fd >= 0)
-			close(fd);
+	if (fd < 0) {
+		pager_drop_client(c, "REGISTER without a file descriptor");
 		return;
 	}
 	/* The descriptor must really be a userfaultfd. */
@@ -239,8 +232,8 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 		close(fd);
 		return;
 	}
-	c->base = proto_get_u64(pl);
-	if (c->base % m->lay->page || proto_get_u64(pl + 8) != m->lay->map_size) {
+	c->base = msg->u.reg.base;
+	if (c->base % m->lay->page || msg->u.reg.length != m->lay->map_size) {
 		send_error(c, EINVAL, "REGISTER range does not match the model");
 		pager_drop_client(c, "REGISTER range mismatch");
 		close(fd);
@@ -286,22 +279,17 @@ static void on_register(struct client *c, const uint8_t *pl, uint32_t len, int f
 	}
 }
 
-static void on_status_req(struct client *c, const uint8_t *pl, uint32_t len)
+static void on_status_req(struct client *c, const struct proto_msg *msg)
 {
 	size_t cap = PROTO_MAX_PAYLOAD, n = 0;
 	char *buf;
 
-	if (len != PROTO_STATUS_REQ_SIZE || proto_get_u32(pl) > 1) {
-		send_error(c, EPROTO, "malformed STATUS_REQ");
-		pager_drop_client(c, "malformed STATUS_REQ");
-		return;
-	}
 	buf = malloc(cap);
 	if (!buf) {
 		pager_drop_client(c, "out of memory");
 		return;
 	}
-	pager_render_status(c->p, proto_get_u32(pl) == 1, buf, cap, &n);
+	pager_render_status(c->p, msg->u.status_req.json, buf, cap, &n);
 	if (proto_send(c->fd, PROTO_STATUS, buf, (uint32_t)n, -1))
 		pager_drop_client(c, "cannot send STATUS");
 	free(buf);
@@ -321,14 +309,17 @@ static void on_sock(struct client *c)
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
 			     .msg_controllen = sizeof(cm.b) };
 	int fds[4], nfd = 0, fd = -1;
-	uint32_t len;
-	uint16_t type;
+	struct proto_msg msg;
+	const char *why = "";
 	ssize_t n;
 
 	n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return;
-	for (struct cmsghdr *ch = CMSG_FIRSTHDR(&mh); ch; ch = CMSG_NXTHDR(&mh, ch))
+	/* A failed recvmsg leaves msg_controllen as it was: the buffer then
+	 * holds stack garbage, perhaps an old message's descriptor numbers,
+	 * now another client's (closing them dropped an unrelated engine). */
+	for (struct cmsghdr *ch = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; ch; ch = CMSG_NXTHDR(&mh, ch))
 		if (ch->cmsg_level == SOL_SOCKET && ch->cmsg_type == SCM_RIGHTS) {
 			size_t k = (ch->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 
@@ -341,43 +332,38 @@ static void on_sock(struct client *c)
 		pager_drop_client(c, n == 0 ? NULL : "read error on its socket");
 		return;
 	}
-	if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || n < PROTO_HDR_SIZE ||
-	    proto_get_u32(buf) != PROTO_MAGIC || buf[4] != PROTO_VERSION || buf[5] != 0 ||
-	    proto_get_u32(buf + 12) != 0 || nfd > 1) {
+	if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || nfd > 1 ||
+	    proto_decode(buf, (size_t)n, &msg, &why)) {
 		for (int i = 0; i < nfd; i++)
 			close(fds[i]);
-		send_error(c, EPROTO, "malformed message (protocol version %d expected)",
-			   PROTO_VERSION);
+		if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
+			why = "message larger than any a client sends";
+		else if (nfd > 1)
+			why = "more than one file descriptor";
+		send_error(c, EPROTO, "%s", why);
+		pager_log(PAGER_LOG_WARNING, "pid %d sent a malformed message: %s", (int)c->pid, why);
 		pager_drop_client(c, "it sent a malformed message");
-		return;
-	}
-	type = (uint16_t)(buf[6] | buf[7] << 8);
-	len = proto_get_u32(buf + 8);
-	if (len != (uint64_t)n - PROTO_HDR_SIZE) {
-		for (int i = 0; i < nfd; i++)
-			close(fds[i]);
-		send_error(c, EPROTO, "message length %u does not match the %zd bytes sent", len,
-			   n - PROTO_HDR_SIZE);
-		pager_drop_client(c, "it sent a truncated message");
 		return;
 	}
 	if (nfd)
 		fd = fds[0];
-	if (fd >= 0 && !(c->state == C_REGISTER && type == PROTO_REGISTER)) {
+	if (fd >= 0 && !(c->state == C_REGISTER && msg.type == PROTO_REGISTER)) {
 		close(fd);
+		pager_log(PAGER_LOG_WARNING, "pid %d sent a file descriptor with message %u",
+			  (int)c->pid, msg.type);
 		pager_drop_client(c, "it sent a file descriptor where none belongs");
 		return;
 	}
 	switch (c->state) {
 	case C_HELLO:
-		if (type == PROTO_HELLO)
-			on_hello(c, buf + PROTO_HDR_SIZE, len);
+		if (msg.type == PROTO_HELLO)
+			on_hello(c, &msg);
 		else
 			pager_drop_client(c, "it did not start with HELLO");
 		break;
 	case C_REGISTER:
-		if (type == PROTO_REGISTER) {
-			on_register(c, buf + PROTO_HDR_SIZE, len, fd);
+		if (msg.type == PROTO_REGISTER) {
+			on_register(c, &msg, fd);
 		} else {
 			if (fd >= 0)
 				close(fd);
@@ -385,28 +371,25 @@ static void on_sock(struct client *c)
 		}
 		break;
 	case C_CONTROL:
-		if (type == PROTO_STATUS_REQ)
-			on_status_req(c, buf + PROTO_HDR_SIZE, len);
+		if (msg.type == PROTO_STATUS_REQ)
+			on_status_req(c, &msg);
 		else
 			pager_drop_client(c, "unexpected message on a control connection");
 		break;
 	case C_FUSE: /* has no socket */
 		break;
 	case C_ACTIVE:
-		if (type == PROTO_DECLARE && len == PROTO_DECLARE_SIZE) {
-			c->kv_bytes = proto_get_u64(buf + PROTO_HDR_SIZE + 8);
-			pager_declare(c, proto_get_u64(buf + PROTO_HDR_SIZE));
-		} else if (type == PROTO_PASS && len >= PROTO_PASS_FIXED &&
-			   len == PROTO_PASS_FIXED + 4 * (uint64_t)proto_get_u32(buf + PROTO_HDR_SIZE + 4)) {
-			const uint8_t *pl = buf + PROTO_HDR_SIZE;
-
-			pager_predict_pass(c, proto_get_u32(pl), proto_get_u64(pl + 8),
-					   proto_get_u32(pl + 16), pl + PROTO_PASS_FIXED,
-					   proto_get_u32(pl + 4));
-			c->passes += proto_get_u32(pl + 20);
-			c->produced += proto_get_u32(pl + 24);
-		} else if (type == PROTO_REMAPPED && len == PROTO_REMAPPED_SIZE) {
-			pager_on_remapped(c, proto_get_u32(buf + PROTO_HDR_SIZE));
+		if (msg.type == PROTO_DECLARE) {
+			c->kv_bytes = msg.u.declare.kv_bytes;
+			pager_declare(c, msg.u.declare.declared_bytes);
+		} else if (msg.type == PROTO_PASS) {
+			pager_predict_pass(c, msg.u.pass.tokens, msg.u.pass.wall_ns,
+					   msg.u.pass.outside_us, msg.u.pass.layer_us,
+					   msg.u.pass.n_layers);
+			c->passes += msg.u.pass.passes;
+			c->produced += msg.u.pass.produced;
+		} else if (msg.type == PROTO_REMAPPED) {
+			pager_on_remapped(c, msg.u.remapped.seq);
 		} else {
 			pager_drop_client(c, "unexpected message after READY");
 		}
@@ -551,6 +534,11 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 	if (m->fd < 0) {
 		snprintf(err, errlen, "%s: cannot open with O_DIRECT: %s", path, strerror(errno));
 		return -errno;
+	}
+	/* the file parsed above, unless it changed in between */
+	if (fstat(m->fd, &m->file_st) < 0 || m->file_st.st_size != st.st_size) {
+		snprintf(err, errlen, "%s: the file changed while it was opened", path);
+		return -ESTALE;
 	}
 	m->memfd = memfd_create(m->name, MFD_CLOEXEC);
 	if (m->memfd < 0 || ftruncate(m->memfd, (off_t)m->lay->map_size) < 0) {

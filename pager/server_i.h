@@ -17,6 +17,7 @@
 #include <linux/userfaultfd.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #define DEFAULT_WINDOW 2
@@ -118,6 +119,9 @@ struct model {
 	unsigned idx;
 	char *path, *real, *name;
 	int fd;   /* O_DIRECT */
+	struct stat file_st;     /* fd's, at open: a unit read finds it changed
+				  * (residency.c, file_changed) */
+	bool changed;            /* it did: nothing more is read from it */
 	int memfd;
 	uint8_t *map;
 	struct pager_layout *lay;

@@ -512,6 +512,8 @@ void pager_on_uffd(struct client *c)
 		if (n < 0) {
 			if (errno == EAGAIN || errno == EINTR)
 				return;
+			pager_log_errno(PAGER_LOG_WARNING, errno, "client pid %d: reading its userfaultfd",
+					(int)c->pid);
 			pager_drop_client(c, "its userfaultfd failed");
 			return;
 		}
@@ -558,7 +560,9 @@ static void uffd_unit_ready(struct model *m, unsigned u)
 static void uffd_unit_failed(struct model *m, unsigned u)
 {
 	for (struct waiter *w = m->waiters[u]; w; w = w->next)
-		pager_drop_client(w->c, "the model file could not be read");
+		pager_drop_client(w->c, m->changed ? "the model file could not be read: it changed on "
+						     "disk while served"
+						   : "the model file could not be read");
 }
 
 static bool uffd_holds(const struct model *m, unsigned u)

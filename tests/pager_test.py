@@ -36,10 +36,38 @@
               an engine runs; they are evicted, results stay bit-identical;
               SIGUSR2 restores them
 
+Fault injection (docs/security.md), the model served from faultfs (a FUSE
+filesystem in tests/faultfs.c that fails reads on command) where the disk is
+the fault:
+  read-error  reads failing with EIO in the middle of streaming: the engine
+              stops with the daemon's reason (exit 2), never computes on
+              zeros; the daemon keeps serving once the disk recovers
+  short-read  a read returning fewer bytes than asked: the rest is read,
+              logits bit-identical
+  early-eof   a file whose reads end before its size: a clear error, never
+              zero-filled weights
+  changed     the model file written in place while served: detected, the
+              streaming engine told, new clients refused with the reason,
+              the daemon serves its other models; a file replaced by a
+              rename keeps being served from the intact old inode
+  restart     the daemon SIGKILLed mid-token with a socket and a mount: the
+              engine exits within a second, and a restarted daemon clears the
+              stale socket and mount and serves new clients
+  kill-streaming  of two engines streaming one model, one SIGKILLed while it
+              faults: its pages and slots are reclaimed, the other finishes
+              bit-identical
+  hostile     a malicious client: out-of-range and huge counts and lengths,
+              several file descriptors, messages out of order, after READY
+              too (a real userfaultfd session): each dropped and logged, the
+              daemon unaffected
+  peercred    a client of another user (nobody) is refused by SO_PEERCRED
+              and logged; a same-user client is served
+
 Every wait is for a condition (a status field, a line of output, a process
 exit) with a deadline, never a fixed sleep.
 
-usage: pager_test.py [CASE ...]
+usage: pager_test.py [CASE ...]   (none: every case but the fault-injection
+       ones; "faults": those)
 """
 import json, os, signal, socket, struct, subprocess, sys, tempfile, time
 
@@ -49,6 +77,7 @@ STRATA = os.path.join(BUILD, "strata")
 STRATAD = os.path.join(BUILD, "daemon", "stratad")
 CTL = os.path.join(BUILD, "tools", "stratactl")
 MKMODEL = os.path.join(BUILD, "tools", "strata-mkmodel")
+FAULTFS = os.path.join(BUILD, "tests", "faultfs")
 MODELS = sorted(f for f in os.listdir(os.path.join(FIX, "models")) if f.endswith(".gguf"))
 # The newer architectures (fixtures/arch), the mixture of experts among them.
 ARCH_MODELS = ["tiny-qwen3-q4_k_m.gguf", "tiny-gemma2-q4_k_m.gguf", "tiny-gemma3-q4_k_m.gguf",
@@ -979,15 +1008,457 @@ def case_fuse_mixed():
         d.stop()
 
 
+
+class FaultFS:
+    """tests/faultfs.c serving one file under a mount point, failing reads of
+    it on command (set(): off, eio OFF, short OFF, eof OFF)."""
+
+    def __init__(self, backing):
+        self.mnt = tempfile.mkdtemp(prefix="faultfs-", dir=TMP)
+        self.log = open(os.path.join(TMP, "faultfs.log"), "ab")
+        self.p = subprocess.Popen([FAULTFS, backing, self.mnt], stdout=self.log, stderr=self.log)
+        self.path = os.path.join(self.mnt, os.path.basename(backing))
+        wait_for(lambda: os.path.exists(self.path) or self.p.poll() is not None, 10, "faultfs")
+        if self.p.poll() is not None:
+            raise RuntimeError("faultfs exited at start")
+
+    def set(self, cmd):
+        with open(os.path.join(self.mnt, "ctl"), "w") as f:
+            f.write(cmd + "\n")
+
+    def faults(self):
+        with open(os.path.join(self.mnt, "ctl")) as f:
+            return int(f.read().split()[3])
+
+    def stop(self):
+        subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        self.log.close()
+
+
+def have_fuse():
+    if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
+        print("skip: needs /dev/fuse and root")
+        return False
+    return True
+
+
+def layer_offset(d, name, frac):
+    """A byte offset inside the layer at fraction frac of the model's layers,
+    from the daemon's status."""
+    layers = d.model(name)["layers"]
+    l = layers[min(len(layers) - 1, int(len(layers) * frac))]
+    return l["offset"] + l["bytes"] // 2 if "offset" in l else None
+
+
+def case_read_error():
+    if not have_fuse():
+        return
+    m = long_model()
+    fs = FaultFS(m)
+    name = os.path.basename(m)
+    toks = ",".join(str(i) for i in range(1, 13))
+    plain = os.path.join(TMP, "readerr.plain")
+    run_eval(m, toks, plain)
+    try:
+        d = Daemon([fs.path], "--resident", "1")
+        e = start_engine(fs.path, d.sock)
+        first_output(e)  # streaming: every layer but one is read for every token
+        size = os.path.getsize(m)
+        fs.set(f"eio {size * 3 // 4}")
+        t0 = time.monotonic()
+        try:
+            err = e.communicate(timeout=30)[1].decode()
+        except subprocess.TimeoutExpired:
+            e.kill()
+            err = e.communicate()[1].decode()
+        dt = time.monotonic() - t0
+        check("read-error: the disk failed reads", fs.faults() > 0, str(fs.faults()))
+        check("read-error: the streaming engine stops with exit 2 and the daemon's reason",
+              e.returncode == 2 and "the model file could not be read" in err,
+              f"{e.returncode} after {dt:.1f} s: {err.strip()[-300:]}")
+        log = open(os.path.join(TMP, "stratad.log"), errors="replace").read()
+        check("read-error: the daemon logs the error", "Input/output error" in log, log[-500:])
+        fs.set("off")
+        out = os.path.join(TMP, "readerr.after")
+        r = run_eval(fs.path, toks, out, d.sock)
+        alive = d.p.poll() is None
+        d.stop()
+        check("read-error: once the disk recovers the daemon serves bit-identical logits",
+              alive and r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read(),
+              r.stderr.strip())
+    finally:
+        fs.stop()
+
+
+def case_short_read():
+    if not have_fuse():
+        return
+    m = long_model()
+    fs = FaultFS(m)
+    toks = ",".join(str(i) for i in range(1, 13))
+    plain = os.path.join(TMP, "short.plain")
+    run_eval(m, toks, plain)
+    try:
+        d = Daemon([fs.path], "--resident", "1")
+        size = os.path.getsize(m)
+        outs = []
+        # short reads in three streamed layers: each completed by reading
+        # the rest
+        for frac in (0.8, 0.5, 0.3):
+            fs.set(f"short {int(size * frac) // 4096 * 4096 + 12345}")
+            before = fs.faults()
+            out = os.path.join(TMP, f"short.{frac}")
+            r = run_eval(fs.path, toks, out, d.sock)
+            outs.append((frac, fs.faults() > before, r.returncode == 0 and
+                         open(out, "rb").read() == open(plain, "rb").read(), r.stderr.strip()))
+        d.stop()
+        check("short-read: the short reads happened", all(hit for _, hit, _, _ in outs), str(outs))
+        check("short-read: logits bit-identical after each", all(ok for _, _, ok, _ in outs),
+              str(outs))
+    finally:
+        fs.stop()
+
+
+def case_early_eof():
+    if not have_fuse():
+        return
+    m = long_model()
+    fs = FaultFS(m)
+    toks = ",".join(str(i) for i in range(1, 13))
+    try:
+        d = Daemon([fs.path], "--resident", "1")
+        fs.set(f"eof {os.path.getsize(m) * 2 // 3}")
+        r = run_eval(fs.path, toks, os.path.join(TMP, "eof.out"), d.sock)
+        alive = d.p.poll() is None and d.status() is not None
+        d.stop()
+        check("early-eof: the engine stops with exit 2 and the daemon's reason",
+              r.returncode == 2 and "the model file could not be read" in r.stderr,
+              f"{r.returncode}: {r.stderr.strip()}")
+        check("early-eof: the daemon survives", alive)
+    finally:
+        fs.stop()
+
+
+def case_changed():
+    m = long_model()
+    model = os.path.join(TMP, "changing.gguf")
+    other = os.path.join(FIX, "models", "stories260K.gguf")
+    subprocess.run(["cp", m, model], check=True)
+    d = Daemon([model, other], "--resident", "1")
+    e = start_engine(model, d.sock)
+    first_output(e)
+    # rewrite some bytes of a late layer in place: same size, new contents
+    size = os.path.getsize(model)
+    with open(model, "r+b") as f:
+        f.seek(size * 3 // 4)
+        f.write(os.urandom(4096))
+    try:
+        err = e.communicate(timeout=30)[1].decode()
+    except subprocess.TimeoutExpired:
+        e.kill()
+        err = e.communicate()[1].decode()
+    check("changed: the streaming engine is told and stops (exit 2)",
+          e.returncode == 2 and "changed on disk while served" in err,
+          f"{e.returncode}: {err.strip()[-300:]}")
+    r = run_eval(model, "1,2,3", os.path.join(TMP, "changed.out"), d.sock)
+    check("changed: a new client is refused with the reason",
+          r.returncode == 2 and "changed on disk while served" in r.stderr, r.stderr.strip())
+    r = run_eval(other, tokens_of("stories260K.gguf"), os.path.join(TMP, "changed.other"), d.sock)
+    alive = d.p.poll() is None
+    d.stop()
+    log = open(os.path.join(TMP, "stratad.log"), errors="replace").read()
+    check("changed: the daemon logs it", "changed on disk while served" in log, log[-300:])
+    check("changed: the daemon keeps serving its other model", alive and r.returncode == 0,
+          r.stderr.strip())
+
+    # replaced by a rename: the daemon holds the old inode, intact
+    toks = ",".join(str(i) for i in range(1, 13))
+    plain = os.path.join(TMP, "replaced.plain")
+    subprocess.run(["cp", m, model], check=True)
+    run_eval(model, toks, plain)
+    d = Daemon([model], "--resident", "1")
+    tmp = model + ".new"
+    subprocess.run(["cp", other, tmp], check=True)
+    os.rename(tmp, model)
+    out = os.path.join(TMP, "replaced.out")
+    # by the model's name: the path now holds another file
+    r = subprocess.run([STRATA, "eval", "-m", os.path.basename(model), "--tokens", toks,
+                        "--logits-out", out, "--pager", d.sock], capture_output=True, text=True,
+                       timeout=120)
+    d.stop()
+    check("changed: a file replaced by a rename is served from the intact old one",
+          r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read(),
+          r.stderr.strip())
+
+
+def case_restart():
+    if not have_fuse():
+        return
+    m = long_model()
+    name = os.path.basename(m)
+    mnt = os.path.join(TMP, "mnt-restart")
+    os.mkdir(mnt)
+    sock = os.path.join(TMP, "restart.sock")
+    d = Daemon([m], "--resident", "1", "--fuse", mnt, sock=sock)
+    e = start_engine(m, sock)
+    first_output(e)
+    t0 = time.monotonic()
+    d.p.kill()
+    d.p.wait()
+    d.log.close()
+    try:
+        e.wait(5)
+    except subprocess.TimeoutExpired:
+        e.kill()
+        e.wait()
+    dt = time.monotonic() - t0
+    err = e.stderr.read().decode()
+    check("restart: the engine exits with a message within a second of the SIGKILL",
+          e.returncode not in (0, None) and dt < 1.0 and "pager daemon died" in err,
+          f"{e.returncode} after {dt:.2f} s: {err.strip()}")
+    check("restart: the killed daemon left its socket", os.path.exists(sock))
+    d = Daemon([m], "--resident", "1", "--fuse", mnt, sock=sock)
+    toks = ",".join(str(i) for i in range(1, 9))
+    plain = os.path.join(TMP, "restart.plain")
+    run_eval(m, toks, plain)
+    out = os.path.join(TMP, "restart.out")
+    r = run_eval(m, toks, out, sock)
+    r2 = run_eval(os.path.join(mnt, name), toks, out + ".mnt")
+    d.stop()
+    log = open(os.path.join(TMP, "stratad.log"), errors="replace").read()
+    check("restart: the new daemon cleared the stale socket and mount",
+          "stale socket" in log and "stale mount" in log, log[-400:])
+    want = open(plain, "rb").read()
+    check("restart: the new daemon serves new clients (socket and mount)",
+          r.returncode == 0 and r2.returncode == 0 and open(out, "rb").read() == want and
+          open(out + ".mnt", "rb").read() == want, r.stderr.strip() + r2.stderr.strip())
+
+
+def case_kill_streaming():
+    m = long_model()
+    name = os.path.basename(m)
+    toks = ",".join(str(i) for i in range(1, 25))
+    plain = os.path.join(TMP, "killstream.plain")
+    run_eval(m, toks, plain)
+    d = Daemon([m], "--resident", "1")
+    # what the model holds with no client, once one engine ran alone
+    run_eval(m, "1,2", os.path.join(TMP, "killstream.warm"), d.sock)
+    base = wait_for(lambda: (lambda s: s if not s["clients"] else None)(d.model(name)), 10,
+                    "the lone engine gone")
+    layer = max(l["bytes"] for l in base["layers"])
+    victim = start_engine(m, d.sock)
+    first_output(victim)
+    out = os.path.join(TMP, "killstream.out")
+    other = subprocess.Popen(eval_cmd(m, toks, out, d.sock), stderr=subprocess.PIPE, text=True)
+    # both attached and faulting
+    wait_for(lambda: len(d.model(name)["clients"]) == 2 or other.poll() is not None, 30,
+             "two clients")
+    victim.kill()
+    victim.wait()
+    err = other.communicate(timeout=120)[1]
+    st = wait_for(lambda: (lambda s: s if not s["clients"] else None)(d.model(name)), 10,
+                  "clients gone")
+    alive = d.p.poll() is None
+    d.stop()
+    check("kill-streaming: the other engine finishes bit-identical",
+          other.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read(),
+          f"exit {other.returncode}: {err.strip()}")
+    check("kill-streaming: its memory is back to what the model holds alone",
+          alive and st["resident_bytes"] <= base["resident_bytes"] + layer,
+          f"{st['resident_bytes']} now, {base['resident_bytes']} after a lone engine "
+          f"(a layer is {layer})")
+
+
+UFFD_API = 0xc018aa3f
+UFFDIO_REGISTER = 0xc020aa00
+
+
+def uffd_session(sock, name):
+    """A real engine's handshake done by hand: HELLO, the memfd mapped, a
+    userfaultfd registered over it, REGISTER, READY.  Returns the socket,
+    still open, and what must stay alive with it."""
+    import ctypes, mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    s = raw_conn(sock)
+    s.send(hdr(1, 16 + len(name)) + struct.pack("<IIQ", 1, len(name), 0) + name)
+    data, anc, _, _ = s.recvmsg(200, socket.CMSG_SPACE(4))
+    memfd = struct.unpack("i", anc[0][2][:4])[0]
+    map_size = struct.unpack_from("<Q", data, 16 + 8)[0]
+    slots = struct.unpack_from("<Q", data, 16 + 32)[0]
+    keep = [memfd]
+    if slots:
+        _, anc2, _, _ = s.recvmsg(200, socket.CMSG_SPACE(4))
+        keep.append(struct.unpack("i", anc2[0][2][:4])[0])
+    base = libc.mmap(None, map_size, mmap.PROT_READ, mmap.MAP_SHARED, memfd, 0)
+    uffd = libc.syscall(323, os.O_CLOEXEC | os.O_NONBLOCK)  # userfaultfd(2)
+    api = bytearray(struct.pack("<QQQ", 0xaa, 1 << 10 | 1 << 7, 0))  # MINOR_SHMEM | EVENT_REMAP
+    import fcntl
+    fcntl.ioctl(uffd, UFFD_API, api)
+    reg = bytearray(struct.pack("<QQQQ", base, map_size, 1 | 4, 0))  # MISSING | MINOR
+    fcntl.ioctl(uffd, UFFDIO_REGISTER, reg)
+    s.sendmsg([hdr(3, 16) + struct.pack("<QQ", base, map_size)],
+              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", uffd))])
+    ready = s.recv(100)
+    assert struct.unpack_from("<H", ready, 6)[0] == 4, "READY"
+    keep.append(uffd)
+    return s, keep
+
+
+def case_hostile():
+    model = os.path.join(FIX, "models", "stories260K.gguf")
+    d = Daemon([model], "--resident", "0")
+    name = b"stories260K.gguf"
+    hello = struct.pack("<IIQ", 1, len(name), 0) + name
+    before = {
+        "HELLO name length 4 GiB": hdr(1, 16) + struct.pack("<IIQ", 1, 0xffffffff, 0),
+        "HELLO name longer than any path": hdr(1, 16 + 5000) + struct.pack("<IIQ", 1, 5000, 0) +
+        b"a" * 5000,
+        "length field 4 GiB": hdr(1, 0xffffffff) + hello,
+        "PASS before READY": hdr(12, 32) + bytes(32),
+        "DECLARE before READY": hdr(8, 16) + struct.pack("<QQ", 2**64 - 1, 2**64 - 1),
+        "STATUS_REQ format 7": hdr(5, 4) + struct.pack("<I", 7),
+    }
+    for what, msg in before.items():
+        s = raw_conn(d.sock)
+        s.send(msg)
+        check(f"hostile: {what} is dropped", dropped(s))
+        s.close()
+    # three descriptors with a HELLO
+    s = raw_conn(d.sock)
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    s.sendmsg([hdr(1, len(hello)) + hello], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                              struct.pack("3i", *fds))])
+    check("hostile: three file descriptors with HELLO are dropped", dropped(s))
+    s.close()
+    for f in fds:
+        os.close(f)
+    # REGISTER with a misaligned base and a length past the model
+    for what, reg in (("misaligned base", struct.pack("<QQ", 4097, 1 << 20)),
+                      ("length past the model", struct.pack("<QQ", 1 << 30, 1 << 62))):
+        s, keep = None, []
+        try:
+            s = raw_conn(d.sock)
+            s.send(hdr(1, len(hello)) + hello)
+            _, anc, _, _ = s.recvmsg(200, socket.CMSG_SPACE(4))
+            keep = [struct.unpack("i", anc[0][2][:4])[0]]
+            import ctypes
+            uffd = ctypes.CDLL(None).syscall(323, os.O_CLOEXEC | os.O_NONBLOCK)
+            keep.append(uffd)
+            s.sendmsg([hdr(3, 16) + reg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                             struct.pack("i", uffd))])
+            check(f"hostile: REGISTER with a {what} is dropped", dropped(s))
+        finally:
+            if s:
+                s.close()
+            for f in keep:
+                os.close(f)
+    # after READY, on a real session
+    after = {
+        "PASS claiming 4 billion layers": hdr(12, 32) + struct.pack("<IIQIIII", 1, 0xffffffff,
+                                                                    1, 1, 1, 1, 0),
+        "PASS with more layers than the limit": hdr(12, 32 + 4 * 1001) +
+        struct.pack("<IIQIIII", 1, 1001, 1, 1, 1, 1, 0) + bytes(4 * 1001),
+        "a second HELLO": hdr(1, len(hello)) + hello,
+        "REMAP from a client": hdr(10, 32) + struct.pack("<IIQQQ", 1, 1, 0, 4096, 0),
+        "a stray descriptor with DECLARE": None,
+    }
+    for what, msg in after.items():
+        s, keep = uffd_session(d.sock, name)
+        try:
+            if msg is None:
+                r, w = os.pipe()
+                keep += [r, w]
+                s.sendmsg([hdr(8, 16) + struct.pack("<QQ", 1, 1)],
+                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", r))])
+            else:
+                s.send(msg)
+            check(f"hostile: after READY, {what} is dropped", dropped(s))
+        finally:
+            s.close()
+            for f in keep:
+                os.close(f)
+    # a DECLARE of 2^64 - 1 bytes: refused by the budget, not an overflow
+    s, keep = uffd_session(d.sock, name)
+    s.send(hdr(8, 16) + struct.pack("<QQ", 2**64 - 1, 2**64 - 1))
+    st = d.status()
+    s.close()
+    for f in keep:
+        os.close(f)
+    check("hostile: a DECLARE of 2^64 - 1 bytes leaves the budget sane",
+          st is not None and all(m["resident_bytes"] <= 2**40 for m in st["models"]), str(st)[:300])
+    out = os.path.join(TMP, "after-hostile")
+    r = run_eval(model, tokens_of("stories260K.gguf"), out, d.sock)
+    alive = d.p.poll() is None
+    d.stop()
+    log = open(os.path.join(TMP, "stratad.log"), errors="replace").read()
+    check("hostile: the malformed messages are logged",
+          "sent a malformed message" in log and "file descriptor" in log, log[-500:])
+    check("hostile: the daemon still serves a real client", alive and r.returncode == 0,
+          r.stderr)
+
+
+def case_peercred():
+    if os.geteuid() != 0:
+        print("skip peercred: needs root (to run a client as nobody)")
+        return
+    model = os.path.join(FIX, "models", "stories260K.gguf")
+    sdir = tempfile.mkdtemp(prefix="peercred-")
+    os.chmod(sdir, 0o755)
+    d = Daemon([model], sock=os.path.join(sdir, "s.sock"))
+    os.chmod(d.sock, 0o777)  # the file lets anyone connect: the credentials decide
+    client = ("import socket, struct, sys\n"
+              "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+              "s.connect(sys.argv[1]); s.settimeout(5)\n"
+              "try:\n"
+              "    s.send(struct.pack('<IHHII', 0x41525453, 5, 1, 16, 0) + struct.pack('<IIQ', 2, 0, 0))\n"
+              "    s.send(struct.pack('<IHHII', 0x41525453, 5, 5, 4, 0) + struct.pack('<I', 0))\n"
+              "    d = s.recv(100000)\n"
+              "except OSError:\n    d = b''\n"
+              "print('served' if len(d) > 16 else 'refused')\n")
+    r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                        sys.executable, "-c", client, d.sock], capture_output=True, text=True,
+                       timeout=30)
+    me = subprocess.run([sys.executable, "-c", client, d.sock], capture_output=True, text=True,
+                        timeout=30)
+    alive = d.p.poll() is None
+    d.stop()
+    subprocess.run(["rm", "-rf", sdir])
+    log = open(os.path.join(TMP, "stratad.log"), errors="replace").read()
+    check("peercred: a client running as nobody is refused", r.stdout.strip() == "refused",
+          r.stdout + r.stderr)
+    check("peercred: the refusal is logged with its uid", "refused a connection from uid" in log,
+          log[-300:])
+    check("peercred: a client of the daemon's own user is served",
+          alive and me.stdout.strip() == "served", me.stdout + me.stderr)
+
+
 CASES = {"identical": case_identical, "share": case_share,
          "share-streaming": case_share_streaming, "garbage": case_garbage,
          "kill-engine": case_kill_engine, "kill-daemon": case_kill_daemon, "stale": case_stale,
          "unreadable": case_unreadable, "shed": case_shed, "fuse": case_fuse,
          "fuse-kill": case_fuse_kill, "fuse-mixed": case_fuse_mixed, "warm": case_warm,
          "accounting": case_accounting, "io-probe": case_io_probe, "plan": case_plan,
-         "spec": case_spec}
+         "spec": case_spec, "read-error": case_read_error, "short-read": case_short_read,
+         "early-eof": case_early_eof, "changed": case_changed, "restart": case_restart,
+         "kill-streaming": case_kill_streaming, "hostile": case_hostile,
+         "peercred": case_peercred}
 
-for name in sys.argv[1:] or CASES:
+# the fault-injection cases: their own meson test (pager-faults), run in
+# parallel with the others
+FAULT_CASES = ["read-error", "short-read", "early-eof", "changed", "restart", "kill-streaming",
+               "hostile", "peercred"]
+args = sys.argv[1:] or [c for c in CASES if c not in FAULT_CASES]
+if args == ["faults"]:
+    args = FAULT_CASES
+for name in args:
     try:
         CASES[name]()
     except Exception as ex:  # a broken case must fail, not stop the others

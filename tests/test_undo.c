@@ -81,8 +81,11 @@ static void run(const char *name, const struct eng_model *m, uint32_t n_batch)
 		if (n > undo)
 			n = undo, n_real = n_real < n ? n_real : n;
 		for (uint32_t j = 0; j < n; j++)
+			/* wrong ones may run past the sequence: token() is the
+			 * same function seq was made with */
 			batch[j] = j < n_real ? seq[N_PROMPT + i + j]
-					      : (seq[N_PROMPT + i + j] + 1 + (int32_t)j) % (int32_t)V;
+					      : (token(N_PROMPT + i + j, V) + 1 + (int32_t)j) %
+							(int32_t)V;
 		eng_ctx_checkpoint(c);
 		uint32_t at = eng_ctx_n_past(c);
 		CHECK(eng_decode(c, batch, n, rows, true) == 0, "%s: pass %u", name, pass);

@@ -4,7 +4,8 @@
 # something is missing.
 set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc libc6-dev libpcre2-dev liburing-dev libfuse3-dev
-      libnuma-dev libsystemd-dev fuse3 python3 libmicrohttpd-dev libjson-c-dev)
+      libnuma-dev libsystemd-dev fuse3 python3 libmicrohttpd-dev libjson-c-dev
+      clang libclang-rt-14-dev systemd)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
