@@ -140,24 +140,28 @@ static void put_trim(struct buf *b, const char *s)
 char *tmpl_render(enum tmpl_kind k, const struct chat_msg *msgs, size_t n, bool add_assistant,
 		  const char *bos, const char *eos)
 {
-	struct buf b = { 0 };
+	struct buf b = { 0 }, sysb = { 0 };
 	const char *sys = NULL;
 	bool first_user = true;
+	/* the families with no system turn fold system messages into the next
+	 * user turn: the leading one as their templates do, a later one (which
+	 * their templates drop or refuse) the same way, never lost */
+	const bool fold = k == TMPL_LLAMA2 || k == TMPL_MISTRAL || k == TMPL_GEMMA;
 
 	bos = bos ? bos : "";
 	eos = eos ? eos : "";
 	put(&b, "");
-	/* a leading system message folded into the first user turn */
-	if ((k == TMPL_LLAMA2 || k == TMPL_MISTRAL || k == TMPL_GEMMA) && n &&
-	    !strcmp(msgs[0].role, "system")) {
-		sys = msgs[0].content;
-		msgs++;
-		n--;
-	}
 	for (size_t i = 0; i < n; i++) {
 		const char *role = msgs[i].role, *c = msgs[i].content;
 		bool user = !strcmp(role, "user"), asst = !strcmp(role, "assistant");
 
+		if (fold && !strcmp(role, "system")) { /* pending, joined by \n */
+			if (sys)
+				put(&sysb, "\n");
+			put(&sysb, c);
+			sys = sysb.p ? sysb.p : "";
+			continue;
+		}
 		switch (k) {
 		case TMPL_CHATML:
 			put(&b, "<|im_start|>");
@@ -182,7 +186,7 @@ char *tmpl_render(enum tmpl_kind k, const struct chat_msg *msgs, size_t n, bool 
 				if (!first_user)
 					put(&b, bos);
 				put(&b, "[INST] ");
-				if (first_user && sys) {
+				if (sys) {
 					put(&u, "<<SYS>>\n");
 					put(&u, sys);
 					put(&u, "\n<</SYS>>\n\n");
@@ -191,10 +195,12 @@ char *tmpl_render(enum tmpl_kind k, const struct chat_msg *msgs, size_t n, bool 
 				if (u.oom)
 					b.oom = true;
 				else
-					put_trim(&b, u.p);
+					put_trim(&b, u.p ? u.p : "");
 				free(u.p);
 				put(&b, " [/INST]");
 				first_user = false;
+				sys = NULL;
+				sysb.n = 0;
 			} else if (asst) {
 				put(&b, " ");
 				put_trim(&b, c);
@@ -205,13 +211,15 @@ char *tmpl_render(enum tmpl_kind k, const struct chat_msg *msgs, size_t n, bool 
 		case TMPL_MISTRAL:
 			if (user) {
 				put(&b, "[INST] ");
-				if (first_user && sys) {
+				if (sys) {
 					put(&b, sys);
 					put(&b, "\n");
 				}
 				put(&b, c);
 				put(&b, " [/INST]");
 				first_user = false;
+				sys = NULL;
+				sysb.n = 0;
 			} else if (asst) {
 				put(&b, c);
 				put(&b, eos);
@@ -221,7 +229,7 @@ char *tmpl_render(enum tmpl_kind k, const struct chat_msg *msgs, size_t n, bool 
 			put(&b, "<start_of_turn>");
 			put(&b, asst ? "model" : role);
 			put(&b, "\n");
-			if (user && first_user && sys) {
+			if (user && sys) {
 				struct buf u = { 0 };
 
 				put(&u, sys);
@@ -230,8 +238,10 @@ char *tmpl_render(enum tmpl_kind k, const struct chat_msg *msgs, size_t n, bool 
 				if (u.oom)
 					b.oom = true;
 				else
-					put_trim(&b, u.p);
+					put_trim(&b, u.p ? u.p : "");
 				free(u.p);
+				sys = NULL;
+				sysb.n = 0;
 			} else {
 				put_trim(&b, c);
 			}
@@ -251,9 +261,9 @@ char *tmpl_render(enum tmpl_kind k, const struct chat_msg *msgs, size_t n, bool 
 			return NULL;
 		}
 	}
-	/* a system message and no user message: it still goes in, as the
-	 * first user message's prefix of an empty one */
-	if (sys && first_user) {
+	/* a system message and no user message after it: it still goes in, as
+	 * the prefix of an empty one */
+	if (sys) {
 		const struct chat_msg two[2] = { { "system", sys }, { "user", "" } };
 		char *rest = tmpl_render(k, two, 2, false, bos, eos);
 
@@ -281,6 +291,9 @@ char *tmpl_render(enum tmpl_kind k, const struct chat_msg *msgs, size_t n, bool 
 			break;
 		}
 	}
+	if (sysb.oom)
+		b.oom = true;
+	free(sysb.p);
 	if (b.oom) {
 		free(b.p);
 		return NULL;
