@@ -20,10 +20,13 @@
  * Requests beyond the slots wait in a queue of --queue; beyond that, 503.
  * A streaming client that disconnects is noticed when a write to it fails:
  * libmicrohttpd then ends the response, the request is marked cancelled and
- * its slot is freed before the next pass.  Bodies are JSON (json-c); every
- * error is an OpenAI-style {"error": {...}} body with its status.
+ * its slot is freed before the next pass.  A body is decoded and checked by
+ * request.c (JSON, the fields, the chat template; no HTTP there, so it is
+ * fuzzed on its own); every error is an OpenAI-style {"error": {...}} body
+ * with its status.
  */
 #include "cli.h"
+#include "request.h"
 #include "template.h"
 
 #include <errno.h>
@@ -43,7 +46,6 @@
 #include <time.h>
 
 #define MAX_BODY (1u << 20) /* request bodies beyond this get 413 */
-#define MAX_STOP 4          /* stop strings per request, as OpenAI's */
 #define MAX_CONNECTIONS 256
 
 enum req_state { REQ_QUEUED, REQ_RUNNING, REQ_DONE };
@@ -55,7 +57,7 @@ struct req {
 	size_t n_ids;
 	long max_tokens;
 	struct eng_sampler_config samp;
-	char *stop[MAX_STOP];
+	char *stop[API_MAX_STOP];
 	size_t n_stop, stop_max; /* the longest stop string's length */
 	char id[48];
 	long long created;
@@ -622,210 +624,6 @@ static void stream_free(void *cls)
 	pthread_mutex_unlock(&v->lock);
 }
 
-/* ---- parsing a request -------------------------------------------------------- */
-
-static bool get(json_object *o, const char *key, json_type t, json_object **out)
-{
-	json_object *x;
-
-	if (!json_object_object_get_ex(o, key, &x) || !x)
-		return false;
-	*out = x;
-	return json_object_is_type(x, t) || (t == json_type_double && json_object_is_type(x, json_type_int));
-}
-
-/* A message's content: a string, or an array of {"type": "text", "text"}
- * parts, joined. */
-static char *content_text(json_object *m)
-{
-	json_object *x;
-
-	if (!json_object_object_get_ex(m, "content", &x) || !x)
-		return NULL;
-	if (json_object_is_type(x, json_type_string))
-		return strdup(json_object_get_string(x));
-	if (!json_object_is_type(x, json_type_array))
-		return NULL;
-	size_t n = json_object_array_length(x), len = 0;
-	char *s = calloc(1, 1);
-
-	for (size_t i = 0; s && i < n; i++) {
-		json_object *p = json_object_array_get_idx(x, i), *t;
-		const char *pt;
-		char *ns;
-
-		if (!json_object_is_type(p, json_type_object) ||
-		    !json_object_object_get_ex(p, "text", &t) || !json_object_is_type(t, json_type_string)) {
-			free(s);
-			return NULL;
-		}
-		pt = json_object_get_string(t);
-		ns = realloc(s, len + strlen(pt) + 1);
-		if (!ns) {
-			free(s);
-			return NULL;
-		}
-		s = ns;
-		memcpy(s + len, pt, strlen(pt) + 1);
-		len += strlen(pt);
-	}
-	return s;
-}
-
-/* The prompt of a chat request: the template applied to its messages.
- * NULL after sending the error. */
-static char *chat_prompt(struct srv *v, struct MHD_Connection *c, json_object *body,
-			 enum MHD_Result *ret)
-{
-	json_object *msgs;
-	struct chat_msg *m;
-	char **texts;
-	size_t n;
-	char *out = NULL;
-
-	if (!get(body, "messages", json_type_array, &msgs) ||
-	    (n = json_object_array_length(msgs)) == 0) {
-		*ret = BAD("messages", "'messages' must be a non-empty array of messages");
-		return NULL;
-	}
-	m = calloc(n, sizeof(*m));
-	texts = calloc(n, sizeof(*texts));
-	if (!m || !texts) {
-		*ret = send_error(v, c, 500, "server_error", NULL, NULL, "out of memory");
-		goto out;
-	}
-	for (size_t i = 0; i < n; i++) {
-		json_object *e = json_object_array_get_idx(msgs, i), *role;
-		const char *rs;
-
-		if (!json_object_is_type(e, json_type_object) ||
-		    !get(e, "role", json_type_string, &role)) {
-			*ret = BAD("messages", "messages[%zu] needs a string 'role'", i);
-			goto out;
-		}
-		rs = json_object_get_string(role);
-		if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
-		    strcmp(rs, "developer")) {
-			*ret = BAD("messages", "messages[%zu]: role '%.40s' is not system, user or "
-					       "assistant", i, rs);
-			goto out;
-		}
-		m[i].role = strcmp(rs, "developer") ? rs : "system";
-		texts[i] = content_text(e);
-		if (!texts[i]) {
-			*ret = BAD("messages", "messages[%zu] needs a string 'content' (or text parts)",
-				   i);
-			goto out;
-		}
-		m[i].content = texts[i];
-	}
-	out = tmpl_render(v->tmpl, m, n, true, v->bos_text, v->eos_text);
-	if (!out)
-		*ret = send_error(v, c, 500, "server_error", NULL, NULL, "out of memory");
-out:
-	for (size_t i = 0; texts && i < n; i++)
-		free(texts[i]);
-	free(texts);
-	free(m);
-	return out;
-}
-
-/* The request's options into r; false after sending the error. */
-static bool parse_options(struct srv *v, struct MHD_Connection *c, json_object *body,
-			  struct req *r, enum MHD_Result *ret)
-{
-	json_object *x;
-
-	r->samp = v->o.samp;
-	r->samp.seed = (uint64_t)time(NULL) ^ (v->seq * 0x9e3779b97f4a7c15ull);
-	r->max_tokens = -1;
-	if (json_object_object_get_ex(body, "max_tokens", &x) ||
-	    json_object_object_get_ex(body, "max_completion_tokens", &x)) {
-		if (x && !json_object_is_type(x, json_type_int)) {
-			*ret = BAD("max_tokens", "'max_tokens' must be an integer");
-			return false;
-		}
-		if (x && json_object_get_int64(x) < 0) {
-			*ret = BAD("max_tokens", "'max_tokens' must not be negative");
-			return false;
-		}
-		if (x)
-			r->max_tokens = (long)json_object_get_int64(x);
-	}
-	if (json_object_object_get_ex(body, "temperature", &x) && x) {
-		double t;
-
-		if (!get(body, "temperature", json_type_double, &x) ||
-		    (t = json_object_get_double(x)) < 0 || t > 2) {
-			*ret = BAD("temperature", "'temperature' must be a number from 0 to 2");
-			return false;
-		}
-		r->samp.temp = (float)t;
-	}
-	if (json_object_object_get_ex(body, "top_p", &x) && x) {
-		double t;
-
-		if (!get(body, "top_p", json_type_double, &x) ||
-		    (t = json_object_get_double(x)) < 0 || t > 1) {
-			*ret = BAD("top_p", "'top_p' must be a number from 0 to 1");
-			return false;
-		}
-		r->samp.top_p = (float)t;
-	}
-	if (json_object_object_get_ex(body, "seed", &x) && x) {
-		if (!json_object_is_type(x, json_type_int)) {
-			*ret = BAD("seed", "'seed' must be an integer");
-			return false;
-		}
-		r->samp.seed = (uint64_t)json_object_get_int64(x);
-	}
-	if (json_object_object_get_ex(body, "stream", &x) && x) {
-		if (!json_object_is_type(x, json_type_boolean)) {
-			*ret = BAD("stream", "'stream' must be a boolean");
-			return false;
-		}
-		r->stream = json_object_get_boolean(x);
-	}
-	if (json_object_object_get_ex(body, "stop", &x) && x) {
-		size_t n = json_object_is_type(x, json_type_array) ? json_object_array_length(x) : 1;
-
-		if (!json_object_is_type(x, json_type_string) &&
-		    !json_object_is_type(x, json_type_array)) {
-			*ret = BAD("stop", "'stop' must be a string or an array of strings");
-			return false;
-		}
-		if (n > MAX_STOP) {
-			*ret = BAD("stop", "'stop' takes at most %d strings", MAX_STOP);
-			return false;
-		}
-		for (size_t i = 0; i < n; i++) {
-			json_object *e = json_object_is_type(x, json_type_array)
-						 ? json_object_array_get_idx(x, i)
-						 : x;
-
-			if (!json_object_is_type(e, json_type_string) ||
-			    !*json_object_get_string(e)) {
-				*ret = BAD("stop", "'stop' must hold non-empty strings");
-				return false;
-			}
-			r->stop[r->n_stop] = strdup(json_object_get_string(e));
-			if (!r->stop[r->n_stop]) {
-				*ret = send_error(v, c, 500, "server_error", NULL, NULL, "out of memory");
-				return false;
-			}
-			if (strlen(r->stop[r->n_stop]) > r->stop_max)
-				r->stop_max = strlen(r->stop[r->n_stop]);
-			r->n_stop++;
-		}
-	}
-	if (json_object_object_get_ex(body, "n", &x) && x &&
-	    (!json_object_is_type(x, json_type_int) || json_object_get_int64(x) != 1)) {
-		*ret = BAD("n", "only 'n': 1 is supported");
-		return false;
-	}
-	return true;
-}
-
 /* The whole answer, not streamed. */
 static enum MHD_Result send_whole(struct srv *v, struct MHD_Connection *c, struct req *r)
 {
@@ -845,39 +643,18 @@ static enum MHD_Result send_whole(struct srv *v, struct MHD_Connection *c, struc
 static enum MHD_Result completion(struct srv *v, struct MHD_Connection *c, const char *data,
 				  size_t len, bool chat)
 {
-	struct json_tokener *tk = json_tokener_new();
-	json_object *body, *x;
+	const struct api_server as = { .model_id = v->model_id, .tmpl = v->tmpl,
+				       .bos = v->bos_text, .eos = v->eos_text, .samp = v->o.samp };
+	struct api_request q;
+	struct api_error e;
 	enum MHD_Result ret = MHD_NO;
 	struct req *r = NULL;
-	char *prompt = NULL;
 	uint32_t n_ctx = eng_ctx_n_ctx(v->s.ctx);
 	int rc;
 
-	if (!tk)
-		return send_error(v, c, 500, "server_error", NULL, NULL, "out of memory");
-	body = json_tokener_parse_ex(tk, data, (int)len);
-	if (!body || json_tokener_get_error(tk) != json_tokener_success ||
-	    tk->char_offset != (int)len) {
-		json_tokener_free(tk);
-		json_object_put(body);
-		return BAD(NULL, "the body is not valid JSON");
-	}
-	json_tokener_free(tk);
-	if (!json_object_is_type(body, json_type_object)) {
-		ret = BAD(NULL, "the body must be a JSON object");
+	if (api_request_parse(data, len, chat, &as, &q, &e)) {
+		ret = send_error(v, c, e.status, e.type, e.code, e.param, "%s", e.message);
 		goto out;
-	}
-	if (json_object_object_get_ex(body, "model", &x) && x) {
-		if (!json_object_is_type(x, json_type_string)) {
-			ret = BAD("model", "'model' must be a string");
-			goto out;
-		}
-		if (strcmp(json_object_get_string(x), v->model_id)) {
-			ret = send_error(v, c, 404, "invalid_request_error", "model_not_found",
-					 "model", "the model '%.100s' does not exist (this server has '%s')",
-					 json_object_get_string(x), v->model_id);
-			goto out;
-		}
 	}
 	r = calloc(1, sizeof(*r));
 	if (!r) {
@@ -888,20 +665,17 @@ static enum MHD_Result completion(struct srv *v, struct MHD_Connection *c, const
 	r->refs = 1;
 	r->srv = v;
 	r->chat = chat;
-	if (!parse_options(v, c, body, r, &ret))
-		goto out;
-	if (chat) {
-		if (!(prompt = chat_prompt(v, c, body, &ret)))
-			goto out;
-		rc = eng_tokenize_special(v->s.tok, prompt, strlen(prompt), true, &r->ids, &r->n_ids);
-	} else {
-		if (!get(body, "prompt", json_type_string, &x)) {
-			ret = BAD("prompt", "'prompt' must be a string");
-			goto out;
-		}
-		rc = eng_tokenize(v->s.tok, json_object_get_string(x),
-				  (size_t)json_object_get_string_len(x), true, &r->ids, &r->n_ids);
-	}
+	r->stream = q.stream;
+	r->max_tokens = q.max_tokens;
+	r->samp = q.samp;
+	if (!q.seeded)
+		r->samp.seed = (uint64_t)time(NULL) ^ (v->seq * 0x9e3779b97f4a7c15ull);
+	memcpy(r->stop, q.stop, sizeof(r->stop)); /* the request owns them now */
+	r->n_stop = q.n_stop;
+	r->stop_max = q.stop_max;
+	q.n_stop = 0;
+	rc = (chat ? eng_tokenize_special : eng_tokenize)(v->s.tok, q.prompt, q.prompt_len, true,
+							  &r->ids, &r->n_ids);
 	if (rc || r->n_ids == 0) {
 		ret = BAD(chat ? "messages" : "prompt", "the prompt gives no tokens");
 		goto out;
@@ -954,8 +728,7 @@ out:
 		req_unref(r);
 		pthread_mutex_unlock(&v->lock);
 	}
-	free(prompt);
-	json_object_put(body);
+	api_request_free(&q);
 	return ret;
 }
 

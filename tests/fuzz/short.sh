@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 secs=${STRATA_FUZZ_SECONDS:-15}
 failed=0
-for h in fuzz_gguf fuzz_tokenize fuzz_vocab fuzz_proto_server fuzz_proto_client fuzz_template; do
+for h in fuzz_gguf fuzz_tokenize fuzz_vocab fuzz_proto_server fuzz_proto_client fuzz_template fuzz_request; do
 	tools/fuzz.sh "$h" "$secs"
 	rc=$?
 	[ $rc -eq 77 ] && exit 77
