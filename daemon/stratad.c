@@ -28,7 +28,7 @@
 #include <systemd/sd-daemon.h>
 #endif
 
-#define DAEMON_NICE -10
+#define DAEMON_NICE_RAISE 10 /* steps above the nice value it was started with */
 
 static const char usage_text[] =
 	"usage: stratad [--config FILE] --socket PATH [--fuse DIR] [--budget SIZE|auto]\n"
@@ -315,8 +315,14 @@ int main(int argc, char **argv)
 	 * the engines computing on every core, at the default priority the
 	 * kernel's share of a freeing punch hole came late (936 MiB of shed
 	 * layers freed 226-389 ms after the event, 46-60 ms at nice -10).  Its
-	 * threads, and the ring's workers, inherit this. */
-	if (setpriority(PRIO_PROCESS, 0, DAEMON_NICE))
+	 * threads, and the ring's workers, inherit this.  The raise is relative:
+	 * a daemon started at nice 19 (a test beside a benchmark) stays below
+	 * work started at nice 0. */
+	errno = 0;
+	int started_at = getpriority(PRIO_PROCESS, 0);
+	if (errno)
+		started_at = 0;
+	if (setpriority(PRIO_PROCESS, 0, started_at - DAEMON_NICE_RAISE))
 		fprintf(stderr, "stratad: running at the default priority (%s): slower to answer "
 			"when the engines keep every core busy\n", strerror(errno));
 	cfg.models = (const char *const *)argv + optind;
