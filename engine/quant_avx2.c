@@ -515,6 +515,115 @@ static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a
 }
 
 /*
+ * Eight Q8_0 rows by up to eight tokens (vec_dot8), each row and token
+ * bit-identical to vec_dot_q8_0_q8_0: the same int32 lanes (lane j =
+ * elements 4j..4j+3; integers, exact in any order), one FMA per block with
+ * d_x * d_y into its own 8-lane accumulator, the same hsum at the end.
+ *
+ * Both sides are widened to int16 (madd cannot saturate: exact for any
+ * bytes, -128 included, where ggml's sign trick is not), in an order in
+ * which two madds and an add give ggml's lanes with no hadd: the first 16
+ * int16 of a block are elements 4j, 4j + 1 (j = 0..7), the last 16 are
+ * 4j + 2, 4j + 3.  pack8 puts a token's activations in that order once per
+ * matmul (struct below); a weight block is put in it once for all the
+ * tokens.  Per row, token and block that leaves two madds (one activation
+ * load each), an add, the conversion, the scale product and the FMA.  Rows
+ * are read one after the other, front to back, the row K_PREFETCH_ROWS
+ * ahead prefetched (a single stream each, as the K-quant kernels do).
+ *
+ * Packed activations of n elements: int16 qs[n] (block after block, each
+ * in the order above), then float d[n / 32], the scales as float (exact).
+ */
+#define Q8_0_PACK_BYTES(n) ((n) / ENG_QK8_0 * (ENG_QK8_0 * 2 + sizeof(float)))
+_Static_assert(Q8_0_PACK_BYTES(ENG_QK8_0) <= ENG_PACK8_BYTES(ENG_QK8_0), "q8_0 pack8 size");
+
+/* 32 int8 to the two int16 halves of the order above. */
+static inline void q8_0_widen(const int8_t *q, __m256i *a, __m256i *b)
+{
+	/* in each 128-bit lane: pairs 4j, 4j + 1 to its low 8 bytes,
+	 * 4j + 2, 4j + 3 to its high 8; then the low halves of both lanes
+	 * together (qwords 0 2 1 3) */
+	const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+					       0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+	const __m256i v = _mm256_permute4x64_epi64(
+		_mm256_shuffle_epi8(_mm256_loadu_si256((const void *)q), pairs), 0xd8);
+
+	*a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+	*b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+}
+
+static void pack8_q8_0(const void *src, void *dst, size_t n)
+{
+	const struct eng_block_q8_0 *y = src;
+	int16_t *qs = dst;
+	float *d = (float *)(qs + n);
+
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		__m256i a, b;
+
+		q8_0_widen(y[ib].qs, &a, &b);
+		_mm256_storeu_si256((void *)(qs + ENG_QK8_0 * ib), a);
+		_mm256_storeu_si256((void *)(qs + ENG_QK8_0 * ib + 16), b);
+		d[ib] = fp16(y[ib].d);
+	}
+}
+
+/* Row x (n elements) by tn (a constant where inlined) packed tokens. */
+static inline __attribute__((always_inline)) void
+q8_0_row_tn(size_t n, const struct eng_block_q8_0 *x, const uint8_t *act, size_t a_stride,
+	    const unsigned tn, float *out, size_t out_stride)
+{
+	const size_t nb = n / ENG_QK8_0;
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
+	__m256 acc[ENG_DOT8_NT];
+
+	for (unsigned t = 0; t < tn; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t ib = 0; ib < nb; ib++) {
+		__m256i xa, xb;
+
+		_mm_prefetch(pf + ib * sizeof(*x), _MM_HINT_T1);
+		q8_0_widen(x[ib].qs, &xa, &xb);
+		const __m256 dx = fp16x8(x[ib].d);
+
+		for (unsigned t = 0; t < tn; t++) {
+			const int16_t *qy = (const int16_t *)(act + t * a_stride) + ENG_QK8_0 * ib;
+			const float *dy = (const float *)((const int16_t *)(act + t * a_stride) + n);
+			const __m256i p32 = _mm256_add_epi32(
+				_mm256_madd_epi16(xa, _mm256_loadu_si256((const void *)qy)),
+				_mm256_madd_epi16(xb, _mm256_loadu_si256((const void *)(qy + 16))));
+
+			acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_broadcast_ss(dy + ib)),
+						 _mm256_cvtepi32_ps(p32), acc[t]);
+		}
+	}
+	for (unsigned t = 0; t < tn; t++)
+		out[t * out_stride] = hsum_f32x8(acc[t]);
+}
+
+static void vec_dot8_q8_0_q8_0(size_t n, unsigned nt, float *out, size_t out_stride,
+			       const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	for (int r = 0; r < 8; r++) {
+		const struct eng_block_q8_0 *x =
+			(const void *)((const uint8_t *)w + (size_t)r * stride);
+		const uint8_t *y = a;
+		float *o = out + r;
+
+		switch (nt) {
+		case 1: q8_0_row_tn(n, x, y, a_stride, 1, o, out_stride); break;
+		case 2: q8_0_row_tn(n, x, y, a_stride, 2, o, out_stride); break;
+		case 3: q8_0_row_tn(n, x, y, a_stride, 3, o, out_stride); break;
+		case 4: q8_0_row_tn(n, x, y, a_stride, 4, o, out_stride); break;
+		case 5: q8_0_row_tn(n, x, y, a_stride, 5, o, out_stride); break;
+		case 6: q8_0_row_tn(n, x, y, a_stride, 6, o, out_stride); break;
+		case 7: q8_0_row_tn(n, x, y, a_stride, 7, o, out_stride); break;
+		default: q8_0_row_tn(n, x, y, a_stride, 8, o, out_stride); break;
+		}
+	}
+}
+
+/*
  * Round to nearest, ties to even (nearbyintf in the reference) on 8 lanes.
  * NaN becomes 0 and the result saturates to [-128, 127], as sat_i8() in the
  * reference does; the int32 conversion is then exact.
@@ -814,6 +923,8 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_q8_0;
 	avx2.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16;
 	avx2.vec_dot[ENG_TYPE_Q8_0] = vec_dot_q8_0_q8_0;
+	avx2.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0;
+	avx2.pack8[ENG_TYPE_Q8_0] = pack8_q8_0;
 	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k;
 	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k;

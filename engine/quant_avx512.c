@@ -70,7 +70,7 @@ struct q8_0s {
 	float d;           /* the fp16 scale, as float (exact) */
 	int32_t qs[8];     /* the block's 32 int8, as dwords */
 };
-_Static_assert(sizeof(struct q8_0s) * 4 == ENG_PACK8_BYTES(4 * ENG_QK8_0), "q8_0s");
+_Static_assert(sizeof(struct q8_0s) * 4 <= ENG_PACK8_BYTES(4 * ENG_QK8_0), "q8_0s");
 
 VNNI static inline __attribute__((always_inline)) __m512i
 dpbusd_bcast(__m512i acc, __m512i u, const int32_t *p)
@@ -747,6 +747,7 @@ BASELINE static void avx512_init(void)
 	avx512.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16_vnni;
 	avx512.pack8[ENG_TYPE_Q4_0_R16] = pack8_q4_0;
 	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0_vnni;
+	avx512.pack8[ENG_TYPE_Q8_0] = NULL; /* it reads the Q8_0 rows */
 	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
 	avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vnni;
