@@ -20,7 +20,7 @@ Prints a markdown table of medians (runs in brackets) and the ratios strata /
 llama.cpp of each ISA against each build, so that each path is compared with
 the build that uses the same instructions (pair them in the text).
 """
-import argparse, json, os, statistics, subprocess, sys
+import argparse, json, os, signal, statistics, subprocess, sys
 
 from benchlib import STRATA
 
@@ -52,11 +52,13 @@ def llama(path, model):
     r = subprocess.run([path, "-m", model, "-p", str(a.prompt), "-n", str(a.tokens), "-r", "1",
                         "-t", str(a.threads), "-o", "json"], capture_output=True, text=True)
     if r.returncode:
-        sys.exit(f"llama-bench failed: {r.stderr[-2000:]}")
+        why = (f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0
+               else f"exit status {r.returncode}")
+        return None, f"{why} {r.stderr.strip()[-500:]}".strip()
     out = {}
     for row in json.loads(r.stdout):
         out["prompt" if row["n_prompt"] else "decode"] = row["avg_ts"]
-    return out
+    return out, None
 
 
 def warm(model):
@@ -66,6 +68,7 @@ def warm(model):
 
 
 runs = {}  # (model, engine) -> {"prompt": [...], "decode": [...], "pass": [...]}
+dead = {}  # llama.cpp build -> why it failed: left out of the rest of the run
 for rep in range(a.reps):
     for m in a.model:
         warm(m)
@@ -82,7 +85,15 @@ for rep in range(a.reps):
                   f"{j['decode_tps']:.2f} tok/s, {a.batch} positions {r['pass'][-1]:.2f}x a token",
                   file=sys.stderr)
         for lname, path in llamas.items():
-            j = llama(path, m)
+            if lname in dead:
+                continue
+            j, err = llama(path, m)
+            if err:
+                # a build that dies on this CPU (a native build using an
+                # instruction the machine lacks: SIGILL) dies every time
+                dead[lname] = err
+                print(f"rep {rep + 1} {name} llama.cpp {lname}: failed, {err}", file=sys.stderr)
+                continue
             r = runs.setdefault((name, "llama.cpp " + lname), {"prompt": [], "decode": []})
             r["prompt"].append(j["prompt"])
             r["decode"].append(j["decode"])
@@ -105,7 +116,9 @@ print("|---|---|---|---|---|")
 for (name, eng), r in runs.items():
     p = fmt(r["pass"]) + "x" if "pass" in r else ""
     print(f"| {name} | {eng} | {fmt(r['prompt'])} | {fmt(r['decode'])} | {p} |")
-if llamas:
+for lname, why in dead.items():
+    print(f"\nllama.cpp {lname} left out: {why}")
+if set(llamas) - set(dead):
     print(f"\n| model | strata / llama.cpp | prompt | decode |")
     print("|---|---|---|---|")
     for m in a.model:
@@ -113,6 +126,8 @@ if llamas:
         for isa in isas:
             s = runs[(name, "strata " + isa)]
             for lname in llamas:
+                if (name, "llama.cpp " + lname) not in runs:
+                    continue
                 l = runs[(name, "llama.cpp " + lname)]
                 print(f"| {name} | {isa} / {lname} | {med(s['prompt']) / med(l['prompt']):.2f} | "
                       f"{med(s['decode']) / med(l['decode']):.2f} |")
