@@ -105,6 +105,9 @@ struct eng_model {
 	struct eng_tokenizer *tok;
 	struct wt tok_embd, out_norm, output, rope_freqs, rope_long, rope_short;
 	struct layer_w *layers;
+	const uint8_t *base;   /* the image it was loaded from, and its size */
+	size_t size;
+	bool shared;           /* some weights are another model's (eng_model_share) */
 	uint32_t n_kv_layers, n_rs_layers; /* attention and recurrent layers */
 	bool vocab_only;
 };
