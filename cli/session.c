@@ -124,15 +124,23 @@ static int spec_decode(void *arg, const int32_t *ids, size_t n, float *logits, b
  * embedding is read a row per token, so it is not counted), and its heap.
  * Returns 0 or an exit status after saying why.
  */
+#define DRAFT_BATCH 32 /* drafts a pass can verify: as many as eng_ctx_truncate undoes */
+
 static int open_spec(struct session *s, const struct opts *o)
 {
 	char err[256];
 	int rc;
 
 	if (o->draft_model) {
+		/* The draft decodes a token at a time, and catches up a few
+		 * at once: a batch of DRAFT_BATCH rows is enough, and its
+		 * logits buffer is DRAFT_BATCH rows, not the model's batch
+		 * (256 rows of a 128k-token vocabulary: 131 MiB declared) */
 		struct eng_ctx_config dc = { .n_ctx = eng_ctx_n_ctx(s->ctx),
 					     .n_threads = o->threads,
-					     .n_batch = o->batch };
+					     .n_batch = o->batch && o->batch < DRAFT_BATCH
+								? (uint32_t)o->batch
+								: DRAFT_BATCH };
 
 		rc = eng_map_file(o->draft_model, &s->draft_base, &s->draft_size);
 		if (rc) {
