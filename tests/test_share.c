@@ -180,25 +180,22 @@ out:
 int main(void)
 {
 	const char *fix = getenv("STRATA_FIXTURES");
-	char path[1024];
+	size_t n = sizeof(models) / sizeof(models[0]);
 
-	if (!fix)
-		fix = "../shared/fixtures";
-	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+	for (size_t i = 0; i < n; i++) {
+		char path[1024];
 		const void *base;
 		size_t size;
 
-		snprintf(path, sizeof(path), "%s/%s.gguf", fix, models[i]);
-		if (eng_map_file(path, &base, &size)) {
-			printf("SKIP %s: cannot map (fixtures missing?)\n", path);
-			return 77;
-		}
+		snprintf(path, sizeof(path), "%s/%s.gguf", fix ? fix : "../shared/fixtures",
+			 models[i]);
+		if (eng_map_file(path, &base, &size))
+			return printf("SKIP %s: cannot map (fixtures missing?)\n", path), 77;
 		run(models[i], base, size);
 		eng_unmap_file(base, size);
 	}
 	if (!failures)
 		printf("ok: sharing drafts compute bit-identical logits and hold what they do not "
-		       "share, %zu models\n",
-		       sizeof(models) / sizeof(models[0]));
+		       "share, %zu models\n", n);
 	return failures ? 1 : 0;
 }

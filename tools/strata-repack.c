@@ -33,6 +33,7 @@
  * token only as well as the model's later layers change little.
  */
 #include "gguf.h"
+#include "gguf_buf_i.h"
 #include "repack.h"
 
 #include <errno.h>
@@ -103,46 +104,6 @@ static int copy_all(int in, const uint8_t *img, int out, uint64_t size)
 	return 0;
 }
 
-/* A growing buffer of the new header. */
-struct buf {
-	uint8_t *p;
-	size_t len, cap;
-	bool oom;
-};
-
-static void put(struct buf *b, const void *data, size_t len)
-{
-	if (b->len + len > b->cap) {
-		size_t cap = (b->len + len) * 2;
-		uint8_t *p = b->oom ? NULL : realloc(b->p, cap);
-
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->p = p;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, data, len);
-	b->len += len;
-}
-
-static void put_u32(struct buf *b, uint32_t v)
-{
-	put(b, &v, sizeof(v)); /* GGUF is little-endian, as x86 */
-}
-
-static void put_u64(struct buf *b, uint64_t v)
-{
-	put(b, &v, sizeof(v));
-}
-
-static void put_str(struct buf *b, struct gguf_str s)
-{
-	put_u64(b, s.len);
-	put(b, s.ptr, s.len);
-}
-
 /* Is tensor t kept by --layers n: outside the layers, or blk.L. with L < n? */
 static bool kept(const struct gguf_tensor *t, uint32_t n)
 {
@@ -199,10 +160,10 @@ static int write_layers(const uint8_t *img, const struct gguf *g, uint32_t n, in
 						 : (const uint8_t *)gguf_tensor_at(g, 0)->name.ptr - 8;
 
 		if (kv != bc) {
-			put(&b, from, (size_t)(to - from));
+			buf_put(&b, from, (size_t)(to - from));
 			continue;
 		}
-		put_str(&b, kv->key);
+		put_str(&b, kv->key.ptr, kv->key.len);
 		put_u32(&b, kv->type);
 		if (kv->type == GGUF_VT_U32 || kv->type == GGUF_VT_I32)
 			put_u32(&b, n);
@@ -214,7 +175,7 @@ static int write_layers(const uint8_t *img, const struct gguf *g, uint32_t n, in
 
 		if (!kept(t, n))
 			continue;
-		put_str(&b, t->name);
+		put_str(&b, t->name.ptr, t->name.len);
 		put_u32(&b, t->n_dims);
 		for (uint32_t d = 0; d < t->n_dims; d++)
 			put_u64(&b, t->ne[d]);
@@ -224,7 +185,7 @@ static int write_layers(const uint8_t *img, const struct gguf *g, uint32_t n, in
 	}
 	data = (b.len + align - 1) / align * align;
 	while (!b.oom && b.len < data)
-		put(&b, "", 1);
+		buf_put(&b, "", 1);
 	if (b.oom)
 		return fail("out of memory");
 	if (pwrite_all(out, b.p, b.len, 0))
