@@ -20,8 +20,8 @@
  * own image, over a prompt and tokens one at a time.  Sharing twice fails
  * with -EALREADY.
  */
-#include "check.h"
 #include "engine.h"
+#include "fixture.h"
 #include "gguf.h"
 
 #include <errno.h>
@@ -33,9 +33,9 @@
 #define N_GEN 6
 
 static const char *const models[] = {
-	"models/stories260K",            "models/tiny-llama-q4_0",
-	"arch/models/tiny-phi3-q4_k_m",  "arch/models/tiny-qwen3moe-q4_k_m",
-	"arch/models/tiny-qwen35-q4_k_m", "arch/models/tiny-gemma2-q4_k_m",
+	"models/stories260K.gguf",            "models/tiny-llama-q4_0.gguf",
+	"arch/models/tiny-phi3-q4_k_m.gguf",  "arch/models/tiny-qwen3moe-q4_k_m.gguf",
+	"arch/models/tiny-qwen35-q4_k_m.gguf", "arch/models/tiny-gemma2-q4_k_m.gguf",
 };
 
 static uint64_t tensor_size(const struct eng_model *m, const char *name)
@@ -104,14 +104,15 @@ static struct eng_model *load(const void *base, size_t size, const char *what)
 	return m;
 }
 
-static void run(const char *name, const void *base, size_t size)
+static void run(const char *name, const struct fixture *f)
 {
-	uint8_t *img = copy_of(base, size), *img2 = copy_of(base, size);
-	struct eng_model *t = load(base, size, name);
+	size_t size = f->size;
+	uint8_t *img = copy_of(f->base, size), *img2 = copy_of(f->base, size);
+	const struct eng_model *t = f->m;
 	struct eng_model *head = NULL, *all = NULL, *plain = NULL, *chg = NULL, *chg_plain = NULL;
 	char what[300];
 
-	if (!img || !img2 || !t)
+	if (!img || !img2)
 		goto out;
 	head = load(img, size, name);
 	all = load(img, size, name);
@@ -172,27 +173,24 @@ out:
 	eng_model_destroy(plain);
 	eng_model_destroy(all);
 	eng_model_destroy(head);
-	eng_model_destroy(t);
 	free(img);
 	free(img2);
 }
 
 int main(void)
 {
-	const char *fix = getenv("STRATA_FIXTURES");
 	size_t n = sizeof(models) / sizeof(models[0]);
 
 	for (size_t i = 0; i < n; i++) {
-		char path[1024];
-		const void *base;
-		size_t size;
+		struct fixture f;
+		int rc = fixture_open(models[i], &f);
 
-		snprintf(path, sizeof(path), "%s/%s.gguf", fix ? fix : "../shared/fixtures",
-			 models[i]);
-		if (eng_map_file(path, &base, &size))
-			return printf("SKIP %s: cannot map (fixtures missing?)\n", path), 77;
-		run(models[i], base, size);
-		eng_unmap_file(base, size);
+		if (rc == 0)
+			return 77;
+		if (rc < 0)
+			continue;
+		run(models[i], &f);
+		fixture_close(&f);
 	}
 	if (!failures)
 		printf("ok: sharing drafts compute bit-identical logits and hold what they do not "
