@@ -200,10 +200,10 @@ static void ctx_alloc(struct eng_ctx *c)
 	c->theta[0] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	c->theta[1] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	/* Widest quantized activation row: any matmul input, in any vec_dot
-	 * format (F32 rows are the largest: 4 bytes per element; a Q8_0 row
-	 * and its pack8 copy after it take 2.3 and up to 63 of alignment). */
+	 * format (F32 rows: 4 bytes per element; a Q8_0 row and its pack8 copy
+	 * after it: up to 1.07 + 2.13 and 63 of alignment, hence the 64 more). */
 	max_in = max_in > n_ff ? max_in : n_ff;
-	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
+	c->qact_stride = (max_in * sizeof(float) + 64 + 63) & ~(size_t)63;
 	c->qact = xcalloc(c, (size_t)c->qact_rows, c->qact_stride);
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
 }
