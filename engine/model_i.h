@@ -157,7 +157,6 @@ struct eng_ctx {
 	uint8_t *qbuf;               /* [n_threads][qbuf_stride] the query as the keys' dot
 				      * takes it (f16, Q8_0) */
 	size_t qbuf_stride;
-	float *logits;               /* [n_batch][n_vocab] */
 	/* Whose each row of the pass is: the context whose cache (or recurrent
 	 * state) its token reads and writes, and its position there.  A plain
 	 * pass fills them with this context and n_past.. ; eng_decode_multi
