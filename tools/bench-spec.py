@@ -20,6 +20,7 @@ by one from the round before, so that none is always first or last.
 
 usage: tools/bench-spec.py --target T.gguf --draft D.gguf [--poor-draft P.gguf]
        [--budget 2G] [--rounds 3] [--sizes 1,2,4,8,12,16] [-n 48] [--fixed 8[,K...]]
+       [--settings resident,streamed]
 Run as root (drops the page cache before each streamed set).
 """
 import argparse
@@ -45,6 +46,9 @@ ap.add_argument("-n", type=int, default=48, help="tokens decoded per run")
 ap.add_argument("--fixed", default="8", help="drafts per pass in the fixed runs (a list: one "
                 "variant each)")
 ap.add_argument("-t", "--threads", type=int, default=2)
+ap.add_argument("--settings", default="resident,streamed",
+                help="which settings to run (e.g. resident alone, for the cost of drafting "
+                "where it cannot pay)")
 a = ap.parse_args()
 
 sock = f"/tmp/strata-bench-spec-{os.getpid()}.sock"
@@ -86,7 +90,9 @@ for k in a.fixed.split(","):
                                        "--draft-max", k]
 if a.poor_draft:
     variants["poor draft (adaptive)"] = ["--draft-model", a.poor_draft]
-modes = ["resident", "streamed"]
+modes = [m for m in ("resident", "streamed") if m in a.settings.split(",")]
+if not modes:
+    sys.exit("bench-spec: --settings takes resident, streamed or both")
 pass_s = {m: [] for m in modes}
 dec = {(m, v): [] for m in modes for v in variants}
 
