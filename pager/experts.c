@@ -96,6 +96,7 @@ int pager_experts_init(struct model *m)
 	unsigned n = l->n_layers * l->n_experts;
 
 	m->ex.capacity = UINT64_MAX;
+	m->ex.fuse_layer = -1;
 	if (!n)
 		return 0;
 	m->ex.pins = calloc(n, sizeof(*m->ex.pins));
@@ -200,6 +201,22 @@ void pager_experts_fault(struct client *c, unsigned u)
 		m->ex.misses++;
 }
 
+/* The mount's reader read from expert unit u, not in its page cache
+ * (fuse.c): a miss, and a use.  Its layers come in order: a layer before
+ * the last one read is a new pass. */
+void pager_experts_fuse_read(struct model *m, unsigned u)
+{
+	int layer = m->lay->units[u].layer;
+
+	if (layer < m->ex.fuse_layer) {
+		expert_cache_pass(&m->ex.cache);
+		m->ex.passes++;
+	}
+	m->ex.fuse_layer = layer;
+	m->ex.fuse_misses++;
+	expert_cache_use(&m->ex.cache, index_of(m, u));
+}
+
 /* May expert i (an index over all layers) leave now? */
 static bool may_go(void *arg, unsigned i)
 {
@@ -207,12 +224,6 @@ static bool may_go(void *arg, unsigned i)
 	unsigned u = m->lay->n_layers + 1 + i;
 
 	return m->us[u].state == U_LOADED && !m->ex.pins[i] && !m->waiters[u];
-}
-
-/* Is expert unit u wanted now: pinned by a ROUTE, or a fault waits for it? */
-static bool wanted(const struct model *m, unsigned u)
-{
-	return m->ex.pins[index_of(m, u)] || m->waiters[u];
 }
 
 /* Evict the least valued experts until `need` more bytes fit the capacity;
@@ -229,26 +240,35 @@ static bool make_room(struct model *m, uint64_t need)
 	return true;
 }
 
-/*
- * Load the wanted experts that are not in memory, making room for each;
- * then, if the plan shrank, evict down to the capacity.  A wanted expert
- * that finds no room is loaded anyway: an engine waits for it, and the
- * minimum (plan.c) holds a whole layer's experts, so only engines in
- * different layers at once can take the cache past its capacity, by what
- * they route.
- */
+/* Load expert unit u (not in memory), making room for it first.  Loaded
+ * even if no room is left: an engine waits for it, and the minimum
+ * (plan.c) holds a whole layer's experts, so only engines in different
+ * layers at once can take the cache past its capacity, by what they route. */
+static int load(struct model *m, unsigned u)
+{
+	make_room(m, m->lay->units[u].bytes);
+	return pager_load(m, u);
+}
+
+/* A fault waits for expert unit u (uffd.c): load it if nobody is. */
+void pager_experts_demand(struct model *m, unsigned u)
+{
+	if (m->us[u].state == U_ABSENT && load(m, u))
+		pager_drop_client(m->waiters[u]->c, "the model file could not be read");
+}
+
+/* Load the experts the clients routed to that are not in memory; then, if
+ * the plan shrank, evict down to the capacity. */
 void pager_experts_advance(struct model *m)
 {
-	const struct pager_layout *l = m->lay;
-
-	if (!l->n_experts)
+	if (!m->lay->n_experts)
 		return;
-	for (unsigned u = l->n_layers + 1; u < l->n_units; u++) {
-		if (m->us[u].state != U_ABSENT || !wanted(m, u))
+	for (struct client *c = m->p->clients; c; c = c->next) {
+		if (c->m != m || c->dead)
 			continue;
-		make_room(m, l->units[u].bytes);
-		if (pager_load(m, u))
-			break;
+		for (uint32_t i = 0; i < c->n_route; i++)
+			if (m->us[c->route[i]].state == U_ABSENT && load(m, c->route[i]))
+				return;
 	}
 	make_room(m, 0);
 }

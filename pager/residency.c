@@ -627,12 +627,14 @@ static uint64_t minimum(const struct model *m, const struct pager *p, unsigned n
 static void plan_experts(struct model *m, const struct plan_model *pm)
 {
 	const struct pager_layout *l = m->lay;
-	uint64_t fixed = expert_fixed(m) + sparse_held(m), cap = UINT64_MAX;
+	uint64_t fixed = m->copies * (expert_fixed(m) + sparse_held(m)) + consumers_fixed(m->p);
+	uint64_t cap = UINT64_MAX;
 
 	for (unsigned u = 1; u <= l->n_layers; u++)
 		m->us[u].resident = true;
+	/* each consumer present (engines, the mount's reader) has its own */
 	if (pm->allowance != UINT64_MAX)
-		cap = pm->allowance > fixed ? pm->allowance - fixed : 0;
+		cap = pm->allowance > fixed ? (pm->allowance - fixed) / m->copies : 0;
 	if ((m->p->cfg.resident >= 0 || m->shed) && pm->n_resident < l->n_layers) {
 		uint64_t r = l->max_layer_experts + pm->n_resident * (l->expert_bytes / l->n_layers);
 

@@ -526,8 +526,7 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 		close(fd);
 		return -EINVAL;
 	}
-	rc = pager_layout_build(img, (size_t)st.st_size, p->page, !p->cfg.fuse_dir, &m->lay, err,
-			       errlen);
+	rc = pager_layout_build(img, (size_t)st.st_size, p->page, true, &m->lay, err, errlen);
 	munmap(img, (size_t)st.st_size);
 	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 	close(fd);

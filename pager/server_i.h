@@ -124,6 +124,8 @@ struct model_experts {
 	uint64_t hits, misses; /* routed experts in memory or not, as routed */
 	uint64_t bytes_read;   /* experts read */
 	uint64_t passes;       /* passes routed (a pass of one token decodes one) */
+	uint64_t fuse_misses;  /* experts the mount's reader read from the file */
+	int fuse_layer;        /* the layer of the last of them */
 };
 
 struct model {
@@ -381,6 +383,10 @@ void pager_experts_route(struct client *c, uint32_t layer, const uint8_t *expert
 void pager_experts_forget(struct client *c);
 /* Client c faulted on expert unit u. */
 void pager_experts_fault(struct client *c, unsigned u);
+/* The mount's reader read expert unit u into the page cache. */
+void pager_experts_fuse_read(struct model *m, unsigned u);
+/* A fault waits for expert unit u: load it if nobody is. */
+void pager_experts_demand(struct model *m, unsigned u);
 /* Load the experts wanted, evict down to the capacity (pager_policy_advance). */
 void pager_experts_advance(struct model *m);
 

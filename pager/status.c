@@ -129,7 +129,7 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 {
 	const struct pager_layout *l = m->lay;
 	const struct model_experts *x = &m->ex;
-	uint64_t routed = x->hits + x->misses, loads = 0, evictions = 0;
+	uint64_t routed = x->hits + x->misses, loads = 0, evictions = 0, drops = 0;
 	double rate = routed ? (double)x->hits / (double)routed : 0;
 	double per_pass = x->passes ? (double)x->bytes_read / (double)x->passes : 0;
 
@@ -142,18 +142,20 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 	for (unsigned u = l->n_layers + 1; u < l->n_units; u++) {
 		loads += m->us[u].loads;
 		evictions += m->us[u].evictions;
+		drops += m->us[u].drops;
 	}
 	if (json)
 		sb(s, "\"experts\": {\"per_layer\": %u, \"bytes\": %llu, \"capacity_bytes\": %llu, "
 		      "\"held_bytes\": %llu, \"hits\": %llu, \"misses\": %llu, \"hit_rate\": %.4f, "
 		      "\"loads\": %llu, \"evictions\": %llu, \"bytes_read\": %llu, \"passes\": %llu, "
-		      "\"bytes_per_pass\": %.0f, \"resident\": [",
+		      "\"bytes_per_pass\": %.0f, \"fuse_misses\": %llu, \"fuse_drops\": %llu, \"resident\": [",
 		   l->n_experts, (unsigned long long)l->expert_bytes,
 		   (unsigned long long)(x->capacity == UINT64_MAX ? 0 : x->capacity),
 		   (unsigned long long)x->held, (unsigned long long)x->hits,
 		   (unsigned long long)x->misses, rate, (unsigned long long)loads,
 		   (unsigned long long)evictions, (unsigned long long)x->bytes_read,
-		   (unsigned long long)x->passes, per_pass);
+		   (unsigned long long)x->passes, per_pass, (unsigned long long)x->fuse_misses,
+		   (unsigned long long)drops);
 	else
 		sb(s, "  experts     %u a layer, %.1f MiB; cache %.1f MiB of %s; hit rate %.3f "
 		      "(%llu of %llu routed); %.2f MiB read a pass (%llu passes); %llu loads, "
@@ -165,8 +167,11 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 	for (unsigned layer = 0; layer < l->n_layers; layer++) {
 		unsigned n = 0;
 
-		for (unsigned e = 0; e < l->n_experts; e++)
-			n += m->us[pager_expert_unit(l, layer, e)].state == U_LOADED;
+		for (unsigned e = 0; e < l->n_experts; e++) {
+			const struct ustat *us = &m->us[pager_expert_unit(l, layer, e)];
+
+			n += us->state == U_LOADED || (us->pc != PC_NONE && us->pc_job != PC_DROPPING);
+		}
 		if (json)
 			sb(s, "%s%u", layer ? ", " : "", n);
 		else
@@ -176,6 +181,10 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 		sb(s, "]}, ");
 	else
 		sb(s, "]  (experts per layer: 0-9, a-z = 10-35, + more)\n");
+	if (!json && m->fuse_reader)
+		sb(s, "  mount       %llu experts read from the file by its reader (its hits are the "
+		      "page cache's, unseen), %llu dropped from the page cache\n",
+		   (unsigned long long)x->fuse_misses, (unsigned long long)drops);
 }
 
 /* The budget, the plan and the pressure, as text. */

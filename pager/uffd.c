@@ -497,7 +497,7 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 	if (m->us[u].state == U_EVICTING) {
 		m->us[u].want_load = true;
 	} else if (pager_is_expert(m->lay, (unsigned)u)) {
-		pager_policy_advance(m); /* the expert cache loads it (experts.c) */
+		pager_experts_demand(m, (unsigned)u); /* not routed, or not yet */
 	} else if (m->us[u].state == U_ABSENT) {
 		/* A demand miss: the window did not cover it.  Make room. */
 		pager_policy_advance(m);
