@@ -150,6 +150,25 @@ out:
 	return rc;
 }
 
+/* A send failed: the daemon may have closed the connection after an ERROR
+ * saying why (a refused peer).  It sends the ERROR before it closes, so the
+ * message, if any, is already queued here when the send sees the close. */
+static int send_failed(int fd, char *err, size_t errlen)
+{
+	struct pollfd pf = { .fd = fd, .events = POLLIN };
+	uint8_t none[1];
+	uint32_t len;
+	int rc;
+
+	if (poll(&pf, 1, 0) == 1 && (pf.revents & POLLIN)) {
+		rc = recv_msg(fd, PROTO_ERROR, none, 0, &len, NULL, err, errlen);
+		if (rc < 0 && rc != -ECONNRESET)
+			return rc; /* err says what the daemon said */
+	}
+	snprintf(err, errlen, "cannot talk to the pager");
+	return -EIO;
+}
+
 static int connect_to(const char *path, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -386,7 +405,7 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	memcpy(hello + PROTO_HELLO_FIXED, cfg->model, name_len);
 	rc = proto_send(c->sock, PROTO_HELLO, hello, (uint32_t)(PROTO_HELLO_FIXED + name_len), -1);
 	if (rc) {
-		snprintf(err, errlen, "cannot talk to the pager");
+		rc = send_failed(c->sock, err, errlen);
 		goto fail;
 	}
 	rc = recv_msg(c->sock, PROTO_MODEL, mp, sizeof(mp), &len, &memfd, err, errlen);
@@ -461,7 +480,7 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	proto_put_u64(reg + 8, c->map_size);
 	rc = proto_send(c->sock, PROTO_REGISTER, reg, sizeof(reg), c->uffd);
 	if (rc) {
-		snprintf(err, errlen, "cannot talk to the pager");
+		rc = send_failed(c->sock, err, errlen);
 		goto fail;
 	}
 	rc = recv_msg(c->sock, PROTO_READY, ready, sizeof(ready), &len, NULL, err, errlen);
@@ -607,8 +626,7 @@ int pager_status_fetch(const char *socket_path, bool json, char **out, size_t *l
 	proto_put_u32(req, json ? 1 : 0);
 	if (proto_send(fd, PROTO_HELLO, hello, sizeof(hello), -1) ||
 	    proto_send(fd, PROTO_STATUS_REQ, req, sizeof(req), -1)) {
-		snprintf(err, errlen, "cannot talk to the pager");
-		rc = -EIO;
+		rc = send_failed(fd, err, errlen);
 		goto out;
 	}
 	rc = recv_msg(fd, PROTO_STATUS, buf, PROTO_MAX_PAYLOAD, &n, NULL, err, errlen);

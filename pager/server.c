@@ -33,7 +33,7 @@
 
 /* ---- clients and the protocol ----------------------------------------- */
 
-static void send_error(struct client *c, int err, const char *fmt, ...)
+static void send_error(int fd, int err, const char *fmt, ...)
 {
 	char buf[300];
 	va_list ap;
@@ -47,7 +47,7 @@ static void send_error(struct client *c, int err, const char *fmt, ...)
 		n = 0;
 	if ((size_t)n > sizeof(buf) - 5)
 		n = (int)sizeof(buf) - 5;
-	proto_send(c->fd, PROTO_ERROR, buf, 4 + (uint32_t)n, -1);
+	proto_send(fd, PROTO_ERROR, buf, 4 + (uint32_t)n, -1);
 }
 
 /* End a connection; why NULL means the client left on its own.  An engine
@@ -57,7 +57,7 @@ void pager_drop_client(struct client *c, const char *why)
 	if (c->dead)
 		return;
 	if (why && c->state == C_ACTIVE)
-		send_error(c, EIO, "%s", why);
+		send_error(c->fd, EIO, "%s", why);
 	c->dead = true;
 	if (!why && c->state == C_ACTIVE)
 		pager_log(PAGER_LOG_NOTICE, "client pid %d detached from %s (%llu faults, %.1f ms waiting)",
@@ -167,20 +167,20 @@ static void on_hello(struct client *c, const struct proto_msg *msg)
 		return;
 	}
 	if (role != PROTO_ROLE_UFFD) {
-		send_error(c, EPROTO, "unknown role %u", role);
+		send_error(c->fd, EPROTO, "unknown role %u", role);
 		pager_drop_client(c, "unknown role");
 		return;
 	}
 	c->declared = msg->u.hello.declared;
 	m = find_model(p, msg->u.hello.name, name_len);
 	if (!m) {
-		send_error(c, ENOENT, "model '%.*s' is not served here", (int)(name_len > 200 ? 200 : name_len),
+		send_error(c->fd, ENOENT, "model '%.*s' is not served here", (int)(name_len > 200 ? 200 : name_len),
 			   msg->u.hello.name);
 		pager_drop_client(c, "it asked for a model not served");
 		return;
 	}
 	if (m->changed) {
-		send_error(c, ESTALE, "%s changed on disk while served: restart stratad to serve it again",
+		send_error(c->fd, ESTALE, "%s changed on disk while served: restart stratad to serve it again",
 			   m->name);
 		pager_drop_client(c, "it asked for a model whose file changed");
 		return;
@@ -228,14 +228,14 @@ static void on_register(struct client *c, const struct proto_msg *msg, int fd)
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
 	n = readlink(link, target, sizeof(target) - 1);
 	if (n < 0 || (target[n] = '\0', strcmp(target, "anon_inode:[userfaultfd]"))) {
-		send_error(c, EINVAL, "REGISTER did not carry a userfaultfd");
+		send_error(c->fd, EINVAL, "REGISTER did not carry a userfaultfd");
 		pager_drop_client(c, "REGISTER without a userfaultfd");
 		close(fd);
 		return;
 	}
 	c->base = msg->u.reg.base;
 	if (c->base % m->lay->page || msg->u.reg.length != m->lay->map_size) {
-		send_error(c, EINVAL, "REGISTER range does not match the model");
+		send_error(c->fd, EINVAL, "REGISTER range does not match the model");
 		pager_drop_client(c, "REGISTER range mismatch");
 		close(fd);
 		return;
@@ -343,7 +343,7 @@ static void on_sock(struct client *c)
 			why = "message larger than any a client sends";
 		else if (nfd > 1)
 			why = "more than one file descriptor";
-		send_error(c, EPROTO, "%s", why);
+		send_error(c->fd, EPROTO, "%s", why);
 		pager_log(PAGER_LOG_WARNING, "pid %d sent a malformed message: %s", (int)c->pid, why);
 		pager_drop_client(c, "it sent a malformed message");
 		return;
@@ -439,12 +439,15 @@ static void on_accept(struct pager *p)
 		    !peer_allowed(p, fd, &cr)) {
 			pager_log(PAGER_LOG_WARNING, "refused a connection from uid %d gid %d (pid %d)",
 				  (int)cr.uid, (int)cr.gid, (int)cr.pid);
+			send_error(fd, EACCES, "this pager serves root, its own user%s only "
+				   "(docs/service.md)", p->cfg.allow_group ? " and its group" : "");
 			close(fd);
 			continue;
 		}
 		if (p->n_clients >= MAX_CLIENTS) {
 			pager_log(PAGER_LOG_WARNING, "refused pid %d: %d clients already",
 				  (int)cr.pid, MAX_CLIENTS);
+			send_error(fd, EBUSY, "the pager has %d clients already", MAX_CLIENTS);
 			close(fd);
 			continue;
 		}

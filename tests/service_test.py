@@ -133,6 +133,8 @@ def case_config_and_peers(tmp):
         print(f"  (stratactl said: {r.stderr.strip()})")
         check("peers: with the socket open to all, the daemon still refuses the stranger",
               r.returncode != 0 and '"models"' not in r.stdout, r.stdout[-200:])
+        check("peers: and tells it why", "serves root, its own user and its group only"
+              in r.stderr, r.stderr.strip()[-200:])
         check("peers: and says so in its log", wait_for(
             lambda: "refused a connection from uid 65534" in open(log.name).read(),
             "the refusal in the log", 10))

@@ -16,7 +16,7 @@
  *
  * usage: test_attn (fixtures from $STRATA_FIXTURES, default ../shared/fixtures)
  */
-#include "check.h"
+#include "fixture.h"
 #include "model_i.h" /* the cache itself, to look at after a shift */
 
 #include <errno.h>
@@ -146,42 +146,12 @@ static void test_q4_0_quant(void)
 
 /* ---- models ----------------------------------------------------------- */
 
-struct model {
-	const void *base;
-	size_t size;
-	struct eng_model *m;
-};
-
-static bool open_model(const char *rel, struct model *mo)
-{
-	const char *fix = getenv("STRATA_FIXTURES");
-	char path[1024], err[256];
-
-	snprintf(path, sizeof(path), "%s/%s", fix ? fix : "../shared/fixtures", rel);
-	if (eng_map_file(path, &mo->base, &mo->size)) {
-		printf("SKIP %s: cannot map it\n", path);
-		return false;
-	}
-	if (eng_model_load(mo->base, mo->size, &mo->m, err, sizeof(err))) {
-		CHECK(0, "%s: %s", path, err);
-		eng_unmap_file(mo->base, mo->size);
-		return false;
-	}
-	return true;
-}
-
-static void close_model(struct model *mo)
-{
-	eng_model_destroy(mo->m);
-	eng_unmap_file(mo->base, mo->size);
-}
-
 static void test_sizes(void)
 {
-	struct model mo;
+	struct fixture mo;
 	char err[256];
 
-	if (open_model("models/tiny-llama-f16.gguf", &mo)) {
+	if (fixture_open("models/tiny-llama-f16.gguf", &mo) == 1) {
 		const struct eng_hparams *hp = eng_model_hparams(mo.m);
 		uint64_t f16 = 0;
 
@@ -210,10 +180,10 @@ static void test_sizes(void)
 			}
 			eng_ctx_destroy(c);
 		}
-		close_model(&mo);
+		fixture_close(&mo);
 	}
 	/* gemma2: every other layer slides over 8 tokens */
-	if (open_model("arch/models/tiny-gemma2-q4_k_m.gguf", &mo)) {
+	if (fixture_open("arch/models/tiny-gemma2-q4_k_m.gguf", &mo) == 1) {
 		const struct eng_hparams *hp = eng_model_hparams(mo.m);
 		struct eng_ctx_config cfg = { .n_ctx = 256, .n_batch = 4 };
 		struct eng_ctx_size sz;
@@ -226,7 +196,7 @@ static void test_sizes(void)
 		CHECK(!eng_ctx_size(mo.m, &cfg, &sz, err, sizeof(err)), "size: %s", err);
 		CHECK(sz.kv_bytes == want, "gemma2 cache %llu bytes, want %llu (rings of %u)",
 		      (unsigned long long)sz.kv_bytes, (unsigned long long)want, hp->n_swa + 3);
-		close_model(&mo);
+		fixture_close(&mo);
 	}
 }
 
@@ -239,13 +209,13 @@ static void test_sizes(void)
  */
 static void test_shift(enum eng_kv_type ty, double tol)
 {
-	struct model mo;
+	struct fixture mo;
 	struct eng_ctx *c = NULL, *f = NULL;
 	struct eng_ctx_config cfg = { .n_ctx = 64, .type_k = ty, .type_v = ty };
 	int32_t toks[41], fresh[21];
 	char err[256];
 
-	if (!open_model("models/stories260K.gguf", &mo))
+	if (fixture_open("models/stories260K.gguf", &mo) != 1)
 		return;
 	for (int i = 0; i < 41; i++)
 		toks[i] = i == 0 ? 1 : 200 + (i * 37) % 300;
@@ -293,18 +263,18 @@ static void test_shift(enum eng_kv_type ty, double tol)
 out:
 	eng_ctx_destroy(c);
 	eng_ctx_destroy(f);
-	close_model(&mo);
+	fixture_close(&mo);
 }
 
 /* Recurrent layers cannot forget: -ENOTSUP, and the context is untouched. */
 static void test_shift_hybrid(void)
 {
-	struct model mo;
+	struct fixture mo;
 	struct eng_ctx *c;
 	int32_t toks[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
 	char err[256];
 
-	if (!open_model("arch/models/tiny-qwen35-q4_k_m.gguf", &mo))
+	if (fixture_open("arch/models/tiny-qwen35-q4_k_m.gguf", &mo) != 1)
 		return;
 	if (eng_ctx_create(mo.m, &(struct eng_ctx_config){ .n_ctx = 16 }, &c, err, sizeof(err))) {
 		CHECK(0, "create: %s", err);
@@ -314,7 +284,7 @@ static void test_shift_hybrid(void)
 		CHECK(eng_ctx_n_past(c) == 8, "n_past %u after a refused shift", eng_ctx_n_past(c));
 		eng_ctx_destroy(c);
 	}
-	close_model(&mo);
+	fixture_close(&mo);
 }
 
 int main(void)

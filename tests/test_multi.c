@@ -20,8 +20,7 @@
  * Also refused, with nothing fed: a context of another model, more rows
  * than the first context's batch, a full context (-ENOSPC).
  */
-#include "check.h"
-#include "engine.h"
+#include "fixture.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -33,11 +32,11 @@
 #define MAX_ROWS 8
 
 static const char *const models[] = {
-	"models/stories260K",        "models/tiny-llama-q4_0",   "models/tiny-llama-q4_k_m",
-	"models/tiny-llama-q8_0",    "models/tiny-qwen2-q4_k_m", "arch/models/tiny-qwen3-q4_k_m",
-	"arch/models/tiny-gemma2-q4_k_m", "arch/models/tiny-gemma3-q8_0",
-	"arch/models/tiny-phi3-q4_k_m",   "arch/models/tiny-qwen35-q4_k_m",
-	"arch/models/tiny-qwen3moe-q4_k_m",
+	"models/stories260K.gguf",        "models/tiny-llama-q4_0.gguf",   "models/tiny-llama-q4_k_m.gguf",
+	"models/tiny-llama-q8_0.gguf",    "models/tiny-qwen2-q4_k_m.gguf", "arch/models/tiny-qwen3-q4_k_m.gguf",
+	"arch/models/tiny-gemma2-q4_k_m.gguf", "arch/models/tiny-gemma3-q8_0.gguf",
+	"arch/models/tiny-phi3-q4_k_m.gguf",   "arch/models/tiny-qwen35-q4_k_m.gguf",
+	"arch/models/tiny-qwen3moe-q4_k_m.gguf",
 };
 
 static const uint32_t n_prompt[N_SEQ] = { 5, 9, 2 };
@@ -201,46 +200,28 @@ static void other_model(const struct eng_model *a, const struct eng_model *b)
 
 int main(void)
 {
-	const char *fix = getenv("STRATA_FIXTURES");
-	struct eng_model *first = NULL;
-	const void *fbase = NULL;
-	size_t fsize = 0;
-	char path[1024];
+	struct fixture first = { 0 };
 
-	if (!fix)
-		fix = "../shared/fixtures";
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
-		const void *base;
-		size_t size;
-		struct eng_model *m;
-		char err[256];
+		struct fixture f;
+		int rc = fixture_open(models[i], &f);
 
-		snprintf(path, sizeof(path), "%s/%s.gguf", fix, models[i]);
-		if (eng_map_file(path, &base, &size)) {
-			printf("SKIP %s: cannot map (fixtures missing?)\n", path);
+		if (!rc)
 			return 77;
-		}
-		if (eng_model_load(base, size, &m, err, sizeof(err))) {
-			CHECK(0, "%s: %s", path, err);
-			eng_unmap_file(base, size);
+		if (rc < 0)
 			continue;
-		}
-		run(models[i], m, 0);
-		run(models[i], m, 4);
+		run(models[i], f.m, 0);
+		run(models[i], f.m, 4);
 		printf("ok %s\n", models[i]);
-		if (!first) {
-			first = m;
-			fbase = base;
-			fsize = size;
+		if (!first.m) {
+			first = f;
 			continue;
 		}
 		if (i == 1)
-			other_model(first, m);
-		eng_model_destroy(m);
-		eng_unmap_file(base, size);
+			other_model(first.m, f.m);
+		fixture_close(&f);
 	}
-	eng_model_destroy(first);
-	if (fbase)
-		eng_unmap_file(fbase, fsize);
+	if (first.m)
+		fixture_close(&first);
 	return failures ? 1 : 0;
 }

@@ -19,8 +19,7 @@
  * back than the checkpoint allows (on models that need one) fails with
  * -EINVAL and changes nothing.
  */
-#include "check.h"
-#include "engine.h"
+#include "fixture.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -32,10 +31,10 @@
 #define UNDO_ROWS 8
 
 static const char *const models[] = {
-	"models/stories260K",        "models/tiny-llama-q4_0",   "models/tiny-llama-q4_k_m",
-	"models/tiny-llama-q8_0",    "models/tiny-qwen2-q4_k_m", "arch/models/tiny-qwen3-q4_k_m",
-	"arch/models/tiny-gemma2-q4_k_m", "arch/models/tiny-gemma3-q8_0",
-	"arch/models/tiny-phi3-q4_k_m",   "arch/models/tiny-qwen35-q4_k_m",
+	"models/stories260K.gguf",        "models/tiny-llama-q4_0.gguf",   "models/tiny-llama-q4_k_m.gguf",
+	"models/tiny-llama-q8_0.gguf",    "models/tiny-qwen2-q4_k_m.gguf", "arch/models/tiny-qwen3-q4_k_m.gguf",
+	"arch/models/tiny-gemma2-q4_k_m.gguf", "arch/models/tiny-gemma3-q8_0.gguf",
+	"arch/models/tiny-phi3-q4_k_m.gguf",   "arch/models/tiny-qwen35-q4_k_m.gguf",
 };
 
 static int32_t token(uint32_t i, uint32_t n_vocab)
@@ -118,32 +117,18 @@ out:
 
 int main(void)
 {
-	const char *fix = getenv("STRATA_FIXTURES");
-	char path[1024];
-
-	if (!fix)
-		fix = "../shared/fixtures";
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
-		const void *base;
-		size_t size;
-		struct eng_model *m;
-		char err[256];
+		struct fixture f;
+		int rc = fixture_open(models[i], &f);
 
-		snprintf(path, sizeof(path), "%s/%s.gguf", fix, models[i]);
-		if (eng_map_file(path, &base, &size)) {
-			printf("SKIP %s: cannot map (fixtures missing?)\n", path);
+		if (!rc)
 			return 77;
-		}
-		if (eng_model_load(base, size, &m, err, sizeof(err))) {
-			CHECK(0, "%s: %s", path, err);
-			eng_unmap_file(base, size);
+		if (rc < 0)
 			continue;
-		}
-		run(models[i], m, 0);
-		run(models[i], m, 4);
+		run(models[i], f.m, 0);
+		run(models[i], f.m, 4);
 		printf("ok %s\n", models[i]);
-		eng_model_destroy(m);
-		eng_unmap_file(base, size);
+		fixture_close(&f);
 	}
 	return failures ? 1 : 0;
 }
