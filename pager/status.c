@@ -111,6 +111,11 @@ static void render_speed(struct sbuf *s, const struct model *m)
 		sb(s, "  speed       no decoding yet: nothing to predict from\n");
 		return;
 	}
+	if (m->lay->n_experts) { /* the predictor's curve is of streamed layers */
+		sb(s, "  speed       %.2f tok/s measured (%.1f ms of compute a token)\n",
+		   pager_measured_tps(m), m->speed.compute_ns / 1e6);
+		return;
+	}
 	sb(s, "  speed       %.2f tok/s measured, %.2f predicted (%.1f ms of compute a token, "
 	      "streaming at %.2f GB/s)\n",
 	   pager_measured_tps(m), pager_predict_tps(m, m->n_resident), m->speed.compute_ns / 1e6,

@@ -25,11 +25,10 @@ The page cache is dropped before every run.  Prints a markdown table of
 medians (decode tok/s), per-run values, peak cgroup usage, failcnt and OOM
 kills.  Needs root (cgroup, drop_caches).
 """
-import argparse, json, os, signal, statistics, subprocess, sys, time
+import argparse, json, os, statistics, subprocess, sys
 
-from benchlib import STRATA, STRATAD, drop_caches, size, status
+from benchlib import Cgroup, bench_paged, drop_caches, size
 
-CG = "/sys/fs/cgroup/memory"
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", action="append", required=True)
@@ -41,57 +40,15 @@ ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
 
 limit = size(a.limit)
-sock = f"/tmp/strata-bench-moe-{os.getpid()}.sock"
-
-
-class Cgroup:
-    def __init__(self):
-        self.path = os.path.join(CG, f"strata-bench-moe-{os.getpid()}")
-        os.mkdir(self.path)
-        self.write("memory.limit_in_bytes", limit)
-
-    def write(self, name, v):
-        with open(os.path.join(self.path, name), "w") as f:
-            f.write(str(v))
-
-    def read(self, name):
-        return int(open(os.path.join(self.path, name)).read())
-
-    def oom_kills(self):
-        for line in open(os.path.join(self.path, "memory.oom_control")):
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        return 0
-
-    def enter(self):
-        self.write("cgroup.procs", os.getpid())
-
-    def remove(self):
-        os.rmdir(self.path)
 
 
 def run_strata(model, cg):
-    d = subprocess.Popen([STRATAD, "--socket", sock, model], stderr=subprocess.PIPE, text=True,
-                         preexec_fn=cg.enter)
-    end = time.monotonic() + 180
-    while time.monotonic() < end:
-        st = status(sock)
-        if st and all(l["state"] == "resident" for l in st["models"][0]["layers"]) and \
-                st["models"][0]["other"]["state"] == "resident":
-            break
-        if d.poll() is not None:
-            sys.exit("stratad exited: " + d.stderr.read())
-        time.sleep(0.05)  # polling a condition with a deadline
-    before = status(sock)
-    r = subprocess.run([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
-                        str(a.tokens), "-c", "64", "-b", "32", "-t", str(a.threads), "--no-hw",
-                        "--json"], capture_output=True, text=True, preexec_fn=cg.enter)
-    after = status(sock)
-    d.send_signal(signal.SIGTERM)
-    d.wait(30)
-    if r.returncode:
-        sys.exit("strata bench failed: " + r.stderr)
-    j = json.loads(r.stdout)
+    def loaded(st):  # unit 0 and the cores
+        m = st["models"][0]
+        return m["other"]["state"] == "resident" and \
+            all(l["state"] == "resident" for l in m["layers"])
+
+    j, before, after = bench_paged(model, [], loaded, a.tokens, a.threads, cg.enter)
     x0, x1 = before["models"][0]["experts"], after["models"][0]["experts"]
     routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
     passes = x1["passes"] - x0["passes"]
@@ -126,7 +83,7 @@ for rep in range(a.reps):
     for m in a.model:
         for who, fn in engines:
             drop_caches()
-            cg = Cgroup()
+            cg = Cgroup(limit, "strata-bench-moe")
             try:
                 r = fn(m, cg)
                 r["peak"] = cg.read("memory.max_usage_in_bytes")
