@@ -15,7 +15,8 @@ repetition, interleaved (each model: strata, then each llama-bench):
             `strata bench --pager -p 0 -n TOKENS` inside it too (one
             warm-up token first, as llama-bench does).  The daemon's status
             before and after gives the expert cache's hit rate, the experts'
-            bytes read per pass, the engine's compute a token (its wall time
+            bytes read per pass, the read bandwidth achieved while reads
+            were in flight, the engine's compute a token (its wall time
             less the fault waits) and the bound
             1 / max(compute, missed expert bytes a token / probed bandwidth).
   llama     `llama-bench -m M -p 0 -n TOKENS -t THREADS -r 1` inside the
@@ -55,7 +56,10 @@ def run_strata(model, cg):
     per_tok = (x1["bytes_read"] - x0["bytes_read"]) / passes
     probed = after["io"]["probed_gbps"] * 1e9
     compute = after["models"][0]["speed"]["compute_ms"] / 1e3
+    io0, io1 = before["io"], after["io"]
+    busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
     return {"tps": j["decode_tps"], "hit": (x1["hits"] - x0["hits"]) / routed,
+            "gbps": (io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy > 0 else 0,
             "mib_tok": per_tok / 2**20, "compute": compute, "probed": probed / 1e9,
             "bound": 1 / max(compute, per_tok / probed), "cap": x1["capacity_bytes"] >> 20,
             "held": x1["held_bytes"] >> 20, "budget": after["budget_bytes"] >> 20,
@@ -94,7 +98,8 @@ for rep in range(a.reps):
             res[m][who].append(r)
             print(f"rep {rep + 1} {os.path.basename(m)} {who}: {r['tps']:.3f} tok/s" +
                   (f", hit rate {r['hit']:.3f}, {r['mib_tok']:.1f} MiB/token, compute "
-                   f"{r['compute'] * 1e3:.0f} ms, bound {r['bound']:.2f}"
+                   f"{r['compute'] * 1e3:.0f} ms, reads {r['gbps']:.2f} GB/s, "
+                   f"bound {r['bound']:.2f}"
                    if who == "strata" else "") +
                   f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
                   (f" FAILED {r['failed']}" if "failed" in r else ""), file=sys.stderr)
@@ -114,8 +119,8 @@ print(f"Memory cgroup limit {limit >> 20} MiB (v1); stratad without --budget ins
 llamas = [who for who, _ in engines[1:]]
 print("| model | strata tok/s (runs) | " + " | ".join(f"{w} tok/s (runs)" for w in llamas) +
       " | strata / llama.cpp | expert hit rate | expert MiB read / token | compute ms / token "
-      "| bound tok/s | strata / bound | peak MiB strata / llama.cpp | OOM kills |")
-print("|---|---|" + "---|" * len(llamas) + "---|---|---|---|---|---|---|---|")
+      "| reads GB/s | bound tok/s | strata / bound | peak MiB strata / llama.cpp | OOM kills |")
+print("|---|---|" + "---|" * len(llamas) + "---|---|---|---|---|---|---|---|---|")
 for m in a.model:
     s = res[m]["strata"]
     ms = med(s, "tps")
@@ -124,7 +129,7 @@ for m in a.model:
     print(f"| {os.path.basename(m)} | {ms:.2f} ({runs(s)}) | " +
           " | ".join(f"{v:.2f} ({runs(res[m][w])})" for v, w in zip(ml, llamas)) +
           f" | {ms / best if best else 0:.2f} | {med(s, 'hit'):.3f} | {med(s, 'mib_tok'):.0f} | "
-          f"{med(s, 'compute') * 1e3:.0f} | {med(s, 'bound'):.2f} | "
+          f"{med(s, 'compute') * 1e3:.0f} | {med(s, 'gbps'):.2f} | {med(s, 'bound'):.2f} | "
           f"{ms / med(s, 'bound'):.2f} | {max(x['peak'] for x in s) >> 20} / " +
           "/".join(str(max(x['peak'] for x in res[m][w]) >> 20) for w in llamas) + " | " +
           str(sum(x["oom"] for w in res[m] for x in res[m][w])) + " |")
