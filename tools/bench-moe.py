@@ -3,8 +3,9 @@
 plain mmap, inside one memory cgroup (issue 22).
 
   tools/bench-moe.py --model M.gguf [--model M2.gguf ...]
-                     --llama-bench PATH [--llama-bench PATH2 ...]
-                     [--limit 8G] [--reps 3] [--tokens 16] [--threads 2]
+                     --llama NAME=PATH[:LIBDIR] [--llama NAME2=PATH2 ...]
+                     [--compute-model C.gguf] [--limit 8G] [--reps 3]
+                     [--tokens 16] [--threads 2]
 
 The device is emulated by a memory cgroup (v1) of --limit bytes.  Per
 repetition, interleaved (each model: strata, then each llama-bench):
@@ -19,8 +20,21 @@ repetition, interleaved (each model: strata, then each llama-bench):
             were in flight, the engine's compute a token (its wall time
             less the fault waits) and the bound
             1 / max(compute, missed expert bytes a token / probed bandwidth).
-  llama     `llama-bench -m M -p 0 -n TOKENS -t THREADS -r 1` inside the
-            cgroup, reading the file through the page cache.
+  llama     `PATH -m M -p 0 -n TOKENS -t THREADS -r 1` (llama-bench) inside
+            the cgroup, reading the file through the page cache; with
+            LIBDIR, its ggml libraries from there first (LD_LIBRARY_PATH:
+            e.g. a libggml-cpu.so built with GGML_CPU_REPACK=OFF, whose
+            weights stay in the mapped file instead of being converted
+            into the process's own memory at load).
+
+The compute a token in the bound is, with --compute-model C.gguf (the same
+shape with fewer experts, e.g. strata-mkmodel --shape qwen3moe-30b-a3b
+--experts 16: a token's work is the same, and the file fits in memory),
+C's decode time with every weight in memory (plain mmap, outside the
+cgroup, the page cache warmed by a first run; the best of two), measured
+before the repetitions.  Without it, the daemon's measure (wall time less
+fault waits), which counts a wait once per engine thread that faulted and
+so comes out low.
 
 The page cache is dropped before every run.  Prints a markdown table of
 medians (decode tok/s), per-run values, peak cgroup usage, failcnt and OOM
@@ -28,19 +42,37 @@ kills.  Needs root (cgroup, drop_caches).
 """
 import argparse, json, os, statistics, subprocess, sys
 
-from benchlib import Cgroup, bench_paged, drop_caches, size
+from benchlib import STRATA, Cgroup, bench_paged, drop_caches, size
 
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", action="append", required=True)
-ap.add_argument("--llama-bench", action="append", default=[])
+ap.add_argument("--llama", action="append", default=[], help="NAME=PATH[:LIBDIR]")
 ap.add_argument("--limit", default="8G")
 ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--compute-model", default="")
 a = ap.parse_args()
 
 limit = size(a.limit)
+
+
+def resident_compute(model):
+    """Seconds a token with every weight of model in memory."""
+    tps = []
+    for _ in range(3):  # the first warms the page cache
+        r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens), "-c",
+                            "64", "-b", "32", "-t", str(a.threads), "--no-hw", "--json"],
+                           capture_output=True, text=True, check=True)
+        tps.append(json.loads(r.stdout)["decode_tps"])
+    return 1 / max(tps[1:])
+
+
+compute_s = resident_compute(a.compute_model) if a.compute_model else 0
+if compute_s:
+    print(f"compute: {compute_s * 1e3:.0f} ms a token, {a.compute_model} resident",
+          file=sys.stderr)
 
 
 def run_strata(model, cg):
@@ -55,7 +87,7 @@ def run_strata(model, cg):
     passes = x1["passes"] - x0["passes"]
     per_tok = (x1["bytes_read"] - x0["bytes_read"]) / passes
     probed = after["io"]["probed_gbps"] * 1e9
-    compute = after["models"][0]["speed"]["compute_ms"] / 1e3
+    compute = compute_s or after["models"][0]["speed"]["compute_ms"] / 1e3
     io0, io1 = before["io"], after["io"]
     busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
     return {"tps": j["decode_tps"], "hit": (x1["hits"] - x0["hits"]) / routed,
@@ -66,22 +98,22 @@ def run_strata(model, cg):
             "io": f"{after['io']['chunk_bytes'] >> 10} KiB x {after['io']['depth']}"}
 
 
-def run_llama(bench):
+def run_llama(spec):
+    path, _, lib = spec.partition(":")
+    env = dict(os.environ, LD_LIBRARY_PATH=lib) if lib else None
+
     def run(model, cg):
-        r = subprocess.run([bench, "-m", model, "-p", "0", "-n", str(a.tokens), "-r", "1",
+        r = subprocess.run([path, "-m", model, "-p", "0", "-n", str(a.tokens), "-r", "1",
                             "-t", str(a.threads), "-o", "json"], capture_output=True, text=True,
-                           preexec_fn=cg.enter)
+                           preexec_fn=cg.enter, env=env)
         if r.returncode:
             return {"tps": 0.0, "failed": r.stderr[-300:]}
         return {"tps": json.loads(r.stdout)[0]["avg_ts"]}
     return run
 
 
-def label(bench):
-    return "llama.cpp " + os.path.basename(os.path.dirname(os.path.dirname(bench)))
-
-
-engines = [("strata", run_strata)] + [(label(b), run_llama(b)) for b in a.llama_bench]
+engines = [("strata", run_strata)] + [("llama.cpp " + l.partition("=")[0],
+                                       run_llama(l.partition("=")[2])) for l in a.llama]
 res = {m: {who: [] for who, _ in engines} for m in a.model}
 for rep in range(a.reps):
     for m in a.model:
