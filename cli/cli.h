@@ -122,6 +122,8 @@ struct session {
 	size_t draft_size;
 	struct eng_model *draft;
 	struct eng_ctx *draft_ctx;
+	uint64_t draft_bytes; /* what the draft holds: its heap, and the weights it
+			       * computes with that are not the model's (session_open) */
 	struct eng_spec *spec; /* with a draft model or --lookup */
 	enum eng_kv_type type_k, type_v; /* the cache's, as given or sized */
 	/* decode passes not yet reported to the pager (session_decode) */

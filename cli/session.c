@@ -113,18 +113,34 @@ static int spec_decode(void *arg, const int32_t *ids, size_t n, float *logits, b
 /*
  * Speculative decoding's drafters: the draft model (--draft-model), mapped
  * plainly -- it is small and read every token, so it stays in memory -- with
- * a context as long as the model's, and/or lookup.  Returns 0 or an exit
- * status after saying why.
+ * a context as long as the model's, and/or lookup.  The draft's tensors that
+ * are the model's own (same name, type, shape and bytes: a draft made of the
+ * model's head and first layers) are read from the model's mapping
+ * (eng_model_share), one copy for both.  Through the pager only those outside
+ * the layers: the daemon keeps unit 0 (head, norms) resident and reads the
+ * embedding's rows on demand, while a layer may be streamed, and a draft
+ * touching it every drafted token would read it from storage each time.
+ * What the draft holds is what it computes with and does not share (its
+ * embedding is read a row per token, so it is not counted), and its heap.
+ * Returns 0 or an exit status after saying why.
  */
+#define DRAFT_BATCH 32 /* drafts a pass can verify: as many as eng_ctx_truncate undoes */
+
 static int open_spec(struct session *s, const struct opts *o)
 {
 	char err[256];
 	int rc;
 
 	if (o->draft_model) {
+		/* The draft decodes a token at a time, and catches up a few
+		 * at once: a batch of DRAFT_BATCH rows is enough, and its
+		 * logits buffer is DRAFT_BATCH rows, not the model's batch
+		 * (256 rows of a 128k-token vocabulary: 131 MiB declared) */
 		struct eng_ctx_config dc = { .n_ctx = eng_ctx_n_ctx(s->ctx),
 					     .n_threads = o->threads,
-					     .n_batch = o->batch };
+					     .n_batch = o->batch && o->batch < DRAFT_BATCH
+								? (uint32_t)o->batch
+								: DRAFT_BATCH };
 
 		rc = eng_map_file(o->draft_model, &s->draft_base, &s->draft_size);
 		if (rc) {
@@ -132,11 +148,26 @@ static int open_spec(struct session *s, const struct opts *o)
 			msg("%s: cannot map the draft model: %s", o->draft_model, strerror(-rc));
 			return EXIT_BAD_INPUT;
 		}
-		if (eng_model_load(s->draft_base, s->draft_size, &s->draft, err, sizeof(err)) ||
-		    eng_ctx_create(s->draft, &dc, &s->draft_ctx, err, sizeof(err))) {
+		uint64_t before = anon_rss_bytes(), after, shared;
+
+		rc = eng_model_load(s->draft_base, s->draft_size, &s->draft, err, sizeof(err));
+		after = anon_rss_bytes();
+		if (rc || eng_ctx_create(s->draft, &dc, &s->draft_ctx, err, sizeof(err))) {
 			msg("%s: %s", o->draft_model, err);
 			return EXIT_BAD_INPUT;
 		}
+		rc = eng_model_share(s->draft, s->model, s->pc ? 0 : ENG_SHARE_LAYERS, &shared);
+		if (rc < 0) {
+			msg("%s: cannot share the model's weights: %s", o->draft_model,
+			    strerror(-rc));
+			return EXIT_BAD_INPUT;
+		}
+		s->draft_bytes = (after > before ? after - before : 0) +
+				 eng_model_own_bytes(s->draft);
+		if (rc)
+			msg("draft: %d tensors (%.1f MiB) are the model's own, read from its "
+			    "mapping; the draft holds %.1f MiB besides its context",
+			    rc, MIB(shared), MIB(s->draft_bytes));
 	}
 	struct eng_spec_config sc = {
 		.draft = s->draft_ctx,
@@ -321,10 +352,10 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx)
 			msg("%s: sequence %u: %s", o->model, i, err);
 			return EXIT_BAD_INPUT;
 		}
-	/* the draft model's weights and context are this engine's memory too */
+	/* what the draft model holds and its context are this engine's memory too */
 	if (s->pc && pager_client_declare(s->pc,
 					  s->own_bytes + s->n_seqs * eng_ctx_bytes(s->ctx) +
-						  s->draft_size +
+						  s->draft_bytes +
 						  (s->draft_ctx ? eng_ctx_bytes(s->draft_ctx) : 0),
 					  s->n_seqs * eng_ctx_kv_bytes(s->ctx))) {
 		msg("%s: cannot talk to the pager", o->model);

@@ -115,6 +115,31 @@ const struct gguf *eng_model_gguf(const struct eng_model *m);
 uint64_t eng_model_token_bytes(const struct eng_model *m);
 
 /*
+ * A draft model's weights that are the model's own (a self-speculative
+ * draft: the model's head and first layers): every tensor of m whose name,
+ * type, shape and bytes equal a tensor of `from` is read from from's image
+ * instead of m's, so both compute from one copy.  Equality is exact: the
+ * two tensors' bytes are compared whole, once, here (a read of each); the
+ * weights are never copied.  Tensors of layers (blk.N.*) are shared only
+ * with ENG_SHARE_LAYERS: through the pager a layer of `from` may be
+ * streamed, and a draft reading it every token would read it from storage
+ * every token.  `from` must outlive m.  Returns the number of tensors now
+ * shared (their bytes into *bytes, if not NULL), -EINVAL for a
+ * vocabulary-only model, -EALREADY when m shares already.
+ */
+#define ENG_SHARE_LAYERS 1u
+int eng_model_share(struct eng_model *m, const struct eng_model *from, unsigned flags,
+		    uint64_t *bytes);
+/*
+ * Bytes of m's own image its passes keep touching, the memory it holds while
+ * it runs: every weight it computes with, whole (all experts of a mixture),
+ * but the token embedding, which a token reads one row of (unless the
+ * output is tied to it), and what it shares with another model
+ * (eng_model_share).  0 for a vocabulary-only model.
+ */
+uint64_t eng_model_own_bytes(const struct eng_model *m);
+
+/*
  * KV cache element types.  The quantized ones are GGUF's Q8_0 and Q4_0 blocks
  * of 32 along a token's row of n_head_kv * head_dim values; the attention
  * reads them in place (kv.c, attn.c).  They need that row to be a multiple of

@@ -195,16 +195,15 @@ static void ctx_alloc(struct eng_ctx *c)
 	/* the query as f16 (2 bytes a value) or Q8_0 (34 bytes per 32) */
 	c->qbuf_stride = ((size_t)hp->head_dim * 2 + 63) & ~(size_t)63;
 	c->qbuf = xcalloc(c, nth, c->qbuf_stride);
-	c->logits = xcalloc(c, (size_t)c->n_batch * hp->n_vocab, sizeof(float));
 	c->row_ctx = xcalloc(c, c->n_batch, sizeof(*c->row_ctx));
 	c->row_pos = xcalloc(c, c->n_batch, sizeof(*c->row_pos));
 	c->theta[0] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	c->theta[1] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	/* Widest quantized activation row: any matmul input, in any vec_dot
-	 * format (F32 rows are the largest: 4 bytes per element; a Q8_0 row
-	 * and its pack8 copy after it take 2.3 and up to 63 of alignment). */
+	 * format (F32 rows: 4 bytes per element; a Q8_0 row and its pack8 copy
+	 * after it: up to 1.07 + 2.13 and 63 of alignment, hence the 64 more). */
 	max_in = max_in > n_ff ? max_in : n_ff;
-	c->qact_stride = (max_in * sizeof(float) + 63) & ~(size_t)63;
+	c->qact_stride = (max_in * sizeof(float) + 64 + 63) & ~(size_t)63;
 	c->qact = xcalloc(c, (size_t)c->qact_rows, c->qact_stride);
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
 }
@@ -322,7 +321,6 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->vrow);
 	free(c->vacc);
 	free(c->qbuf);
-	free(c->logits);
 	free(c->row_ctx);
 	free(c->row_pos);
 	free(c->qgate);
@@ -851,10 +849,11 @@ static void forward_rows(struct eng_ctx *c, const int32_t *tok, uint32_t nb, con
 			if (want ? want[b] : b >= first)
 				rmsnorm(c->xb + (size_t)n_out++ * E, c->x + (size_t)b * E,
 					(const float *)m->out_norm.data, E, hp->norm_eps);
-		matmul1(c, &m->output, c->logits, c->xb, n_out);
+		/* straight into the caller's rows: a buffer of n_batch rows
+		 * here would be 131 MiB for a 128k vocabulary at 256 rows */
+		matmul1(c, &m->output, logits, c->xb, n_out);
 		if (hp->final_softcap > 0)
-			softcap(c->logits, (size_t)n_out * hp->n_vocab, hp->final_softcap);
-		memcpy(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
+			softcap(logits, (size_t)n_out * hp->n_vocab, hp->final_softcap);
 	}
 	c->outside_ns = n_out ? cpu_ns() - t : 0;
 	for (uint32_t b = 0; b < nb; b++) {

@@ -331,6 +331,8 @@ static int model_load(const void *base, size_t size, bool vocab_only, struct eng
 		return -ENOMEM;
 	}
 	m->hp.file_bytes = size;
+	m->base = base;
+	m->size = size;
 	rc = gguf_parse(base, size, &m->g, err, errlen);
 	if (rc)
 		goto fail;
@@ -412,6 +414,18 @@ static uint64_t wt_bytes(const struct wt *w)
 	return w->data ? (uint64_t)w->row_bytes * w->ne1 : 0;
 }
 
+/* A layer's weights but the experts (expert 0's of each, bound alone). */
+#define LAYER_WTS(l)                                                                        \
+	{                                                                                   \
+		&(l)->attn_norm, &(l)->wq, &(l)->wk, &(l)->wv, &(l)->wo, &(l)->bq, &(l)->bk,  \
+		&(l)->bv, &(l)->q_norm, &(l)->k_norm, &(l)->post_attn_norm, &(l)->ffn_norm,   \
+		&(l)->gate, &(l)->up, &(l)->down, &(l)->post_ffn_norm, &(l)->ssm_qkv,         \
+		&(l)->ssm_gate, &(l)->ssm_conv, &(l)->ssm_dt, &(l)->ssm_a, &(l)->ssm_beta,    \
+		&(l)->ssm_alpha, &(l)->ssm_norm, &(l)->ssm_out, &(l)->gate_inp,               \
+	}
+#define EXPERT_WTS(l) { &(l)->gate_exps, &(l)->up_exps, &(l)->down_exps }
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
 uint64_t eng_model_token_bytes(const struct eng_model *m)
 {
 	uint64_t n = wt_bytes(&m->out_norm) + wt_bytes(&m->output);
@@ -421,23 +435,127 @@ uint64_t eng_model_token_bytes(const struct eng_model *m)
 	if (!m->hp.tied_output)
 		n += m->tok_embd.row_bytes;
 	for (uint32_t i = 0; m->layers && i < m->hp.n_layer; i++) {
-		const struct layer_w *l = &m->layers[i];
-		const struct wt *ws[] = {
-			&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk, &l->bv,
-			&l->q_norm, &l->k_norm, &l->post_attn_norm, &l->ffn_norm, &l->gate,
-			&l->up, &l->down, &l->post_ffn_norm, &l->ssm_qkv, &l->ssm_gate,
-			&l->ssm_conv, &l->ssm_dt, &l->ssm_a, &l->ssm_beta, &l->ssm_alpha,
-			&l->ssm_norm, &l->ssm_out,
-		};
+		struct layer_w *l = &m->layers[i];
+		struct wt *ws[] = LAYER_WTS(l), *ex[] = EXPERT_WTS(l);
 
-		for (size_t j = 0; j < sizeof(ws) / sizeof(ws[0]); j++)
+		for (size_t j = 0; j < COUNT(ws); j++)
 			n += wt_bytes(ws[j]);
-		/* the router, and the experts it picks (bound as one each) */
-		n += wt_bytes(&l->gate_inp) + (wt_bytes(&l->gate_exps) + wt_bytes(&l->up_exps) +
-					       wt_bytes(&l->down_exps)) *
-						      m->hp.n_expert_used;
+		/* the experts the router picks (bound as one each) */
+		for (size_t j = 0; j < COUNT(ex); j++)
+			n += wt_bytes(ex[j]) * m->hp.n_expert_used;
 	}
 	return n;
+}
+
+/* w's bytes times `times` when they lie in m's own image, else 0 (shared). */
+static uint64_t own_bytes(const struct eng_model *m, const struct wt *w, uint64_t times)
+{
+	if (!w->data || w->data < m->base || w->data >= m->base + m->size)
+		return 0;
+	return wt_bytes(w) * times;
+}
+
+uint64_t eng_model_own_bytes(const struct eng_model *m)
+{
+	uint64_t n = own_bytes(m, &m->out_norm, 1) + own_bytes(m, &m->output, 1);
+
+	for (uint32_t i = 0; m->layers && i < m->hp.n_layer; i++) {
+		struct layer_w *l = &m->layers[i];
+		struct wt *ws[] = LAYER_WTS(l), *ex[] = EXPERT_WTS(l);
+
+		for (size_t j = 0; j < COUNT(ws); j++)
+			n += own_bytes(m, ws[j], 1);
+		/* over the tokens every expert is picked: all of them */
+		for (size_t j = 0; j < COUNT(ex); j++)
+			n += own_bytes(m, ex[j], m->hp.n_expert);
+	}
+	return n;
+}
+
+/* ---- sharing a draft's weights with its model ------------------------- */
+
+/* One tensor of m found identical in `from`: m's bytes [d, d + len) are
+ * from's at t. */
+struct same {
+	const uint8_t *d, *t;
+	uint64_t len;
+};
+
+/* w, when it lies in one of the n tensors found identical, into from's. */
+static void repoint(struct wt *w, const struct same *s, size_t n)
+{
+	for (size_t i = 0; w->data && i < n; i++)
+		if (w->data >= s[i].d && w->data < s[i].d + s[i].len) {
+			w->data = s[i].t + (w->data - s[i].d);
+			return;
+		}
+}
+
+/* Every weight m computes with: the embedding, head and rope tables, then
+ * each layer's, experts included. */
+static void repoint_all(struct eng_model *m, const struct same *s, size_t n)
+{
+	struct wt *top[] = { &m->tok_embd, &m->out_norm, &m->output, &m->rope_freqs,
+			     &m->rope_long, &m->rope_short };
+
+	for (size_t j = 0; j < COUNT(top); j++)
+		repoint(top[j], s, n);
+	for (uint32_t i = 0; i < m->hp.n_layer; i++) {
+		struct layer_w *l = &m->layers[i];
+		struct wt *ws[] = LAYER_WTS(l), *ex[] = EXPERT_WTS(l);
+
+		for (size_t j = 0; j < COUNT(ws); j++)
+			repoint(ws[j], s, n);
+		for (size_t j = 0; j < COUNT(ex); j++)
+			repoint(ex[j], s, n);
+	}
+}
+
+int eng_model_share(struct eng_model *m, const struct eng_model *from, unsigned flags,
+		    uint64_t *bytes)
+{
+	uint64_t nt = gguf_n_tensors(m->g), total = 0;
+	struct same *s;
+	size_t n = 0;
+
+	if (bytes)
+		*bytes = 0;
+	if (m->vocab_only || from->vocab_only)
+		return -EINVAL;
+	if (m->shared)
+		return -EALREADY;
+	s = calloc(nt ? nt : 1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	for (uint64_t i = 0; i < nt; i++) {
+		const struct gguf_tensor *a = gguf_tensor_at(m->g, i), *b;
+		char name[256];
+
+		if (a->name.len >= sizeof(name))
+			continue;
+		memcpy(name, a->name.ptr, a->name.len);
+		name[a->name.len] = '\0';
+		if (!(flags & ENG_SHARE_LAYERS) && !strncmp(name, "blk.", 4))
+			continue;
+		b = gguf_find_tensor(from->g, name);
+		if (!b || b->type != a->type || b->size != a->size ||
+		    memcmp(a->ne, b->ne, sizeof(a->ne)))
+			continue;
+		const uint8_t *pa = gguf_tensor_data_ptr(m->g, a);
+		const uint8_t *pb = gguf_tensor_data_ptr(from->g, b);
+
+		/* the whole of both, compared once: never a sampled guess */
+		if (memcmp(pa, pb, a->size))
+			continue;
+		s[n++] = (struct same){ .d = pa, .t = pb, .len = a->size };
+		total += a->size;
+	}
+	repoint_all(m, s, n);
+	free(s);
+	m->shared = n > 0;
+	if (bytes)
+		*bytes = total;
+	return (int)(n > INT32_MAX ? INT32_MAX : n);
 }
 
 /* ---- the plain-mmap weight source ------------------------------------- */

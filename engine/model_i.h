@@ -105,6 +105,9 @@ struct eng_model {
 	struct eng_tokenizer *tok;
 	struct wt tok_embd, out_norm, output, rope_freqs, rope_long, rope_short;
 	struct layer_w *layers;
+	const uint8_t *base;   /* the image it was loaded from, and its size */
+	size_t size;
+	bool shared;           /* some weights are another model's (eng_model_share) */
 	uint32_t n_kv_layers, n_rs_layers; /* attention and recurrent layers */
 	bool vocab_only;
 };
@@ -157,7 +160,6 @@ struct eng_ctx {
 	uint8_t *qbuf;               /* [n_threads][qbuf_stride] the query as the keys' dot
 				      * takes it (f16, Q8_0) */
 	size_t qbuf_stride;
-	float *logits;               /* [n_batch][n_vocab] */
 	/* Whose each row of the pass is: the context whose cache (or recurrent
 	 * state) its token reads and writes, and its position there.  A plain
 	 * pass fills them with this context and n_past.. ; eng_decode_multi

@@ -184,7 +184,7 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  */
 #define ENG_DOT8_NT 8
 #define ENG_DOT16_NT 64
-#define ENG_PACK8_BYTES(n) ((n) / 32 * 40)
+#define ENG_PACK8_BYTES(n) ((n) / 32 * 68)
 typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
 				const void *w, size_t stride, const void *a, size_t a_stride);
 typedef void (*eng_pack8_fn)(const void *src, void *dst, size_t n);

@@ -282,25 +282,55 @@ static void vec_dot_q4_0_q8_0(size_t n, float *out, const void *w, const void *a
 }
 
 /*
- * Eight Q4_0 rows against nt activation rows, each row's result
+ * Q8_0 activations to struct q8_0s records (quant_x86_i.h), once per row
+ * and matmul: the eight-row Q4_0 kernels here and in quant_avx512.c read
+ * them.
+ */
+static void pack8_q4_0(const void *src, void *dst, size_t n)
+{
+	const struct eng_block_q8_0 *y = src;
+	struct q8_0s *p = dst;
+	const __m256i bias = _mm256_set1_epi8((char)0x80);
+
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		const __m256i q = _mm256_loadu_si256((const void *)y[ib].qs);
+		/* the sum of the bytes biased to unsigned, less the bias */
+		const __m256i s4 = _mm256_sad_epu8(_mm256_xor_si256(q, bias), _mm256_setzero_si256());
+		const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4),
+						 _mm256_extracti128_si256(s4, 1));
+		const int32_t sum = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) -
+				    128 * ENG_QK8_0;
+
+		p[ib].base = -8 * sum;
+		p[ib].d = fp16(y[ib].d);
+		_mm256_storeu_si256((void *)p[ib].qs, q);
+	}
+}
+
+/*
+ * Eight Q4_0 rows against nt packed activation rows, each row's result
  * bit-identical to vec_dot_q4_0_q8_0: per block, each row's exact integer
  * sum goes into lane r of one vector, and one vector FMA does in lane r what
  * the scalar chain does for row r, fmaf(sum, d_x * d_y, acc) in block order.
  * Eight chains in flight instead of one, and the nibbles unpacked once for
  * all nt tokens.
  *
- * Layout: rows r and r + 4 share a vector, row r in the low 128 bits.  Their
- * 16 raw bytes side by side give, masked, elements 0-15 of both rows (4
- * dwords each), and shifted, elements 16-31; the activations are broadcast
- * to both halves (16 bytes each way), so no byte is moved across lanes.  Each
- * row then has four int32 partial sums, and an unpack-and-add tree
- * (integers: exact in any order) leaves row r's block sum in lane r.  (Not
- * hadd: Zen 4 issues one every two cycles.)
+ * Layout (quant_avx512.c's, in 256 bits): per block the rows' 16 quant
+ * bytes are transposed as dwords once (V_k lane r = dword k of row r: two
+ * rounds of unpacks), so V_k & 15 holds elements 4k..4k+3 of every row and
+ * (V_k >> 4) & 15 elements 16+4k..16+4k+3.  A token then takes eight
+ * maddubs, each with one dword of its activations broadcast from memory,
+ * added in 16 bits (each maddubs lane is at most 2 * 15 * 128, eight of
+ * them 30720: no overflow, -128 included), and one madd leaves row r's sum
+ * of nibble times y in lane r; pack8's -8 * sum(y) makes it the block sum.
+ * No reduction tree (the rows-r-and-r+4 layout before this one needed an
+ * unpack-and-add tree and four subtractions per token and block: 36
+ * instructions against 20).
  *
  * The block loop prefetches the rows two calls ahead (see quant_x86_i.h).
  */
 struct q4_0_x8 {
-	__m256i lo[4], hi[4]; /* rows p | p + 4: elements 0-15, 16-31 */
+	__m256i lo[4], hi[4]; /* lane r: elements 4k.., 16 + 4k.. of row r */
 	__m256 d;             /* the rows' scales, lane r = row r */
 };
 
@@ -311,21 +341,32 @@ q4_0_load8(struct q4_0_x8 *x, const uint8_t *rows, size_t stride, size_t ib)
 	const uint8_t *pf = rows + Q4_0_PREFETCH_ROWS * stride +
 			    ((ib * 8 * sizeof(struct eng_block_q4_0)) & ~(size_t)63);
 	uint64_t d0 = 0, d1 = 0;
+	__m256i raw[4];
 
 	for (int p = 0; p < 4; p++) {
 		const struct eng_block_q4_0 *xa =
 			(const struct eng_block_q4_0 *)(rows + (size_t)p * stride) + ib;
 		const struct eng_block_q4_0 *xb =
 			(const struct eng_block_q4_0 *)(rows + (size_t)(p + 4) * stride) + ib;
-		const __m256i raw = _mm256_loadu2_m128i((const void *)xb->qs,
-							(const void *)xa->qs);
 
-		x->lo[p] = _mm256_and_si256(raw, m4);
-		x->hi[p] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+		/* rows p | p + 4, dwords 0..3 each */
+		raw[p] = _mm256_loadu2_m128i((const void *)xb->qs, (const void *)xa->qs);
 		/* the scales gathered in general registers: no vector
 		 * shuffle, no store-forwarding stall */
 		d0 |= (uint64_t)xa->d << (16 * p);
 		d1 |= (uint64_t)xb->d << (16 * p);
+	}
+	/* a 4x4 dword transpose in each 128-bit half */
+	const __m256i t0 = _mm256_unpacklo_epi32(raw[0], raw[1]);
+	const __m256i t1 = _mm256_unpackhi_epi32(raw[0], raw[1]);
+	const __m256i t2 = _mm256_unpacklo_epi32(raw[2], raw[3]);
+	const __m256i t3 = _mm256_unpackhi_epi32(raw[2], raw[3]);
+	const __m256i v[4] = { _mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+			       _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3) };
+
+	for (int k = 0; k < 4; k++) {
+		x->lo[k] = _mm256_and_si256(v[k], m4);
+		x->hi[k] = _mm256_and_si256(_mm256_srli_epi16(v[k], 4), m4);
 	}
 	x->d = _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0));
 	_mm_prefetch((const char *)pf, _MM_HINT_T1);
@@ -333,31 +374,16 @@ q4_0_load8(struct q4_0_x8 *x, const uint8_t *rows, size_t stride, size_t ib)
 	_mm_prefetch((const char *)pf + 128, _MM_HINT_T1);
 }
 
-/* Four vectors of [row p: 4 lanes | row p + 4: 4 lanes] to lane r = row r. */
-static inline __m256i q4_0_lanes(const __m256i s[4])
-{
-	const __m256i t01 = _mm256_add_epi32(_mm256_unpacklo_epi32(s[0], s[1]),
-					     _mm256_unpackhi_epi32(s[0], s[1]));
-	const __m256i t23 = _mm256_add_epi32(_mm256_unpacklo_epi32(s[2], s[3]),
-					     _mm256_unpackhi_epi32(s[2], s[3]));
+/* Up to eight tokens at a time: with the eight nibble vectors, more than
+ * sixteen registers hold, but an accumulator spilled costs a load and a
+ * store per token and block, and the transpose is then shared by twice the
+ * tokens (8: 1.24x the GMAC/s of 4 on one core, 256 rows of 4096, best of 5). */
+#define Q4_0_NT_AVX2 8
 
-	return _mm256_add_epi32(_mm256_unpacklo_epi64(t01, t23), _mm256_unpackhi_epi64(t01, t23));
-}
-
-/* Up to four tokens at a time: sixteen vector registers. */
-#define Q4_0_NT_AVX2 4
-
-/*
- * Eight rows (layout above) with AVX2: the unsigned nibbles times
- * y with maddubs (pairs below 2^12, no saturation), 8 * y taken off in 16
- * bits, so each 16-bit lane holds a sum of four (q - 8) * y (|x| <= 4096,
- * any y, -128 included); madd widens pairs of them.
- */
 static inline __attribute__((always_inline)) void
 dot8_q4_0_avx2(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
 	       size_t stride, const uint8_t *act, size_t a_stride)
 {
-	const __m256i eight = _mm256_set1_epi8(8);
 	const __m256i ones = _mm256_set1_epi16(1);
 	__m256 acc[Q4_0_NT_AVX2];
 
@@ -368,26 +394,20 @@ dot8_q4_0_avx2(size_t n, const unsigned nt, float *out, size_t out_stride, const
 
 		q4_0_load8(&x, rows, stride, ib);
 		for (unsigned t = 0; t < nt; t++) {
-			const struct eng_block_q8_0 *y =
-				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
-			const __m256i ylo = _mm256_broadcastsi128_si256(
-				_mm_loadu_si128((const void *)y->qs));
-			const __m256i yhi = _mm256_broadcastsi128_si256(
-				_mm_loadu_si128((const void *)(y->qs + 16)));
-			const __m256i y8 = _mm256_add_epi16(_mm256_maddubs_epi16(eight, ylo),
-							    _mm256_maddubs_epi16(eight, yhi));
-			__m256i s[4];
+			const struct q8_0s *y = (const struct q8_0s *)(act + t * a_stride) + ib;
+			__m256i p16 = _mm256_setzero_si256();
 
-			for (int p = 0; p < 4; p++) {
-				const __m256i p16 = _mm256_add_epi16(
-					_mm256_maddubs_epi16(x.lo[p], ylo),
-					_mm256_maddubs_epi16(x.hi[p], yhi));
-
-				s[p] = _mm256_madd_epi16(_mm256_sub_epi16(p16, y8), ones);
+			for (int k = 0; k < 4; k++) {
+				p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
+					x.lo[k], _mm256_set1_epi32(y->qs[k])));
+				p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
+					x.hi[k], _mm256_set1_epi32(y->qs[4 + k])));
 			}
-			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_0_lanes(s)),
-						 _mm256_mul_ps(x.d, fp16x8(y->d)),
-						 acc[t]);
+			const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
+							   _mm256_set1_epi32(y->base));
+
+			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+						 _mm256_mul_ps(x.d, _mm256_set1_ps(y->d)), acc[t]);
 		}
 	}
 	for (unsigned t = 0; t < nt; t++)
@@ -460,8 +480,7 @@ static void vec_dot16_q4_0_r16(size_t n, unsigned nt, float *out, size_t out_str
 	}
 }
 
-/* Up to four tokens at a time (sixteen vector registers), each count its own
- * copy of the loop so the accumulators stay in registers. */
+/* Up to eight tokens at a time, each count its own copy of the loop. */
 static void vec_dot8_q4_0_q8_0(size_t n, unsigned nt, float *out, size_t out_stride,
 			       const void *w, size_t stride, const void *a, size_t a_stride)
 {
@@ -473,7 +492,11 @@ static void vec_dot8_q4_0_q8_0(size_t n, unsigned nt, float *out, size_t out_str
 		case 1: dot8_q4_0_avx2(n, 1, o, out_stride, w, stride, y, a_stride); break;
 		case 2: dot8_q4_0_avx2(n, 2, o, out_stride, w, stride, y, a_stride); break;
 		case 3: dot8_q4_0_avx2(n, 3, o, out_stride, w, stride, y, a_stride); break;
-		default: dot8_q4_0_avx2(n, 4, o, out_stride, w, stride, y, a_stride); break;
+		case 4: dot8_q4_0_avx2(n, 4, o, out_stride, w, stride, y, a_stride); break;
+		case 5: dot8_q4_0_avx2(n, 5, o, out_stride, w, stride, y, a_stride); break;
+		case 6: dot8_q4_0_avx2(n, 6, o, out_stride, w, stride, y, a_stride); break;
+		case 7: dot8_q4_0_avx2(n, 7, o, out_stride, w, stride, y, a_stride); break;
+		default: dot8_q4_0_avx2(n, 8, o, out_stride, w, stride, y, a_stride); break;
 		}
 	}
 }
@@ -512,6 +535,115 @@ static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a
 		acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p32), acc);
 	}
 	*out = hsum_f32x8(acc);
+}
+
+/*
+ * Eight Q8_0 rows by up to eight tokens (vec_dot8), each row and token
+ * bit-identical to vec_dot_q8_0_q8_0: the same int32 lanes (lane j =
+ * elements 4j..4j+3; integers, exact in any order), one FMA per block with
+ * d_x * d_y into its own 8-lane accumulator, the same hsum at the end.
+ *
+ * Both sides are widened to int16 (madd cannot saturate: exact for any
+ * bytes, -128 included, where ggml's sign trick is not), in an order in
+ * which two madds and an add give ggml's lanes with no hadd: the first 16
+ * int16 of a block are elements 4j, 4j + 1 (j = 0..7), the last 16 are
+ * 4j + 2, 4j + 3.  pack8 puts a token's activations in that order once per
+ * matmul (struct below); a weight block is put in it once for all the
+ * tokens.  Per row, token and block that leaves two madds (one activation
+ * load each), an add, the conversion, the scale product and the FMA.  Rows
+ * are read one after the other, front to back, the row K_PREFETCH_ROWS
+ * ahead prefetched (a single stream each, as the K-quant kernels do).
+ *
+ * Packed activations of n elements: int16 qs[n] (block after block, each
+ * in the order above), then float d[n / 32], the scales as float (exact).
+ */
+#define Q8_0_PACK_BYTES(n) ((n) / ENG_QK8_0 * (ENG_QK8_0 * 2 + sizeof(float)))
+_Static_assert(Q8_0_PACK_BYTES(ENG_QK8_0) <= ENG_PACK8_BYTES(ENG_QK8_0), "q8_0 pack8 size");
+
+/* 32 int8 to the two int16 halves of the order above. */
+static inline void q8_0_widen(const int8_t *q, __m256i *a, __m256i *b)
+{
+	/* in each 128-bit lane: pairs 4j, 4j + 1 to its low 8 bytes,
+	 * 4j + 2, 4j + 3 to its high 8; then the low halves of both lanes
+	 * together (qwords 0 2 1 3) */
+	const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+					       0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+	const __m256i v = _mm256_permute4x64_epi64(
+		_mm256_shuffle_epi8(_mm256_loadu_si256((const void *)q), pairs), 0xd8);
+
+	*a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+	*b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+}
+
+static void pack8_q8_0(const void *src, void *dst, size_t n)
+{
+	const struct eng_block_q8_0 *y = src;
+	int16_t *qs = dst;
+	float *d = (float *)(qs + n);
+
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		__m256i a, b;
+
+		q8_0_widen(y[ib].qs, &a, &b);
+		_mm256_storeu_si256((void *)(qs + ENG_QK8_0 * ib), a);
+		_mm256_storeu_si256((void *)(qs + ENG_QK8_0 * ib + 16), b);
+		d[ib] = fp16(y[ib].d);
+	}
+}
+
+/* Row x (n elements) by tn (a constant where inlined) packed tokens. */
+static inline __attribute__((always_inline)) void
+q8_0_row_tn(size_t n, const struct eng_block_q8_0 *x, const uint8_t *act, size_t a_stride,
+	    const unsigned tn, float *out, size_t out_stride)
+{
+	const size_t nb = n / ENG_QK8_0;
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
+	__m256 acc[ENG_DOT8_NT];
+
+	for (unsigned t = 0; t < tn; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t ib = 0; ib < nb; ib++) {
+		__m256i xa, xb;
+
+		_mm_prefetch(pf + ib * sizeof(*x), _MM_HINT_T1);
+		q8_0_widen(x[ib].qs, &xa, &xb);
+		const __m256 dx = fp16x8(x[ib].d);
+
+		for (unsigned t = 0; t < tn; t++) {
+			const int16_t *qy = (const int16_t *)(act + t * a_stride) + ENG_QK8_0 * ib;
+			const float *dy = (const float *)((const int16_t *)(act + t * a_stride) + n);
+			const __m256i p32 = _mm256_add_epi32(
+				_mm256_madd_epi16(xa, _mm256_loadu_si256((const void *)qy)),
+				_mm256_madd_epi16(xb, _mm256_loadu_si256((const void *)(qy + 16))));
+
+			acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_broadcast_ss(dy + ib)),
+						 _mm256_cvtepi32_ps(p32), acc[t]);
+		}
+	}
+	for (unsigned t = 0; t < tn; t++)
+		out[t * out_stride] = hsum_f32x8(acc[t]);
+}
+
+static void vec_dot8_q8_0_q8_0(size_t n, unsigned nt, float *out, size_t out_stride,
+			       const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	for (int r = 0; r < 8; r++) {
+		const struct eng_block_q8_0 *x =
+			(const void *)((const uint8_t *)w + (size_t)r * stride);
+		const uint8_t *y = a;
+		float *o = out + r;
+
+		switch (nt) {
+		case 1: q8_0_row_tn(n, x, y, a_stride, 1, o, out_stride); break;
+		case 2: q8_0_row_tn(n, x, y, a_stride, 2, o, out_stride); break;
+		case 3: q8_0_row_tn(n, x, y, a_stride, 3, o, out_stride); break;
+		case 4: q8_0_row_tn(n, x, y, a_stride, 4, o, out_stride); break;
+		case 5: q8_0_row_tn(n, x, y, a_stride, 5, o, out_stride); break;
+		case 6: q8_0_row_tn(n, x, y, a_stride, 6, o, out_stride); break;
+		case 7: q8_0_row_tn(n, x, y, a_stride, 7, o, out_stride); break;
+		default: q8_0_row_tn(n, x, y, a_stride, 8, o, out_stride); break;
+		}
+	}
 }
 
 /*
@@ -812,8 +944,11 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot[ENG_TYPE_BF16] = vec_dot_bf16;
 	avx2.vec_dot[ENG_TYPE_Q4_0] = vec_dot_q4_0_q8_0;
 	avx2.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_q8_0;
+	avx2.pack8[ENG_TYPE_Q4_0] = pack8_q4_0;
 	avx2.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16;
 	avx2.vec_dot[ENG_TYPE_Q8_0] = vec_dot_q8_0_q8_0;
+	avx2.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0;
+	avx2.pack8[ENG_TYPE_Q8_0] = pack8_q8_0;
 	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k;
 	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k;

@@ -48,8 +48,8 @@
  *
  * vpdpbusd takes the nibbles unsigned (0..15), so each sum starts from
  * -8 * sum(y), which pack8 computes once per activation row, with the scale
- * as float: a token's block is one 40-byte record (struct q8_0s) with
- * aligned dwords, one stream per token.
+ * as float: a token's block is one 40-byte record (struct q8_0s; the AVX2
+ * set's pack8 makes it) with aligned dwords, one stream per token.
  *
  * The tokens are interleaved, nt vpdpbusd chains side by side: one token
  * after the other (a chain of 8 dependent vpdpbusd, 4 cycles each, per
@@ -62,15 +62,9 @@
  * instructions, not by vpdpbusd (8 rows in 256-bit vectors: 108 GMAC/s on
  * one core, 16 rows: 136, an 8B-shaped matrix and 64 tokens).  With 8 rows
  * (vec_dot8, for the rows a 16-row tile leaves) the upper half is zero.
- * Before this layout: rows r and r + 4 in one vector as in quant_avx2.c,
+ * Before this layout: rows r and r + 4 in one vector, as quant_avx2.c had,
  * four partial sums per row and an unpack-and-add tree per token: 77.
  */
-struct q8_0s {
-	int32_t base;      /* -8 * sum(qs) */
-	float d;           /* the fp16 scale, as float (exact) */
-	int32_t qs[8];     /* the block's 32 int8, as dwords */
-};
-_Static_assert(sizeof(struct q8_0s) * 4 == ENG_PACK8_BYTES(4 * ENG_QK8_0), "q8_0s");
 
 VNNI static inline __attribute__((always_inline)) __m512i
 dpbusd_bcast(__m512i acc, __m512i u, const int32_t *p)
@@ -326,28 +320,6 @@ VNNI static void vec_dot16_q4_0_r16_vnni(size_t n, unsigned nt, float *out, size
 		dot16_q4_0_many(n, true, nt, out, out_stride, w, stride, a, a_stride);
 	else
 		Q4_0_VNNI_NT(true, 16)
-}
-
-/* Q8_0 activations to struct q8_0s records. */
-static void pack8_q4_0(const void *src, void *dst, size_t n)
-{
-	const struct eng_block_q8_0 *y = src;
-	struct q8_0s *p = dst;
-	const __m256i bias = _mm256_set1_epi8((char)0x80);
-
-	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
-		const __m256i q = _mm256_loadu_si256((const void *)y[ib].qs);
-		/* the sum of the bytes biased to unsigned, less the bias */
-		const __m256i s4 = _mm256_sad_epu8(_mm256_xor_si256(q, bias), _mm256_setzero_si256());
-		const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4),
-						 _mm256_extracti128_si256(s4, 1));
-		const int32_t sum = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) -
-				    128 * ENG_QK8_0;
-
-		p[ib].base = -8 * sum;
-		p[ib].d = fp16(y[ib].d);
-		_mm256_storeu_si256((void *)p[ib].qs, q);
-	}
 }
 
 /* ---- Q8_0 ------------------------------------------------------------- */
@@ -743,10 +715,10 @@ BASELINE static void avx512_init(void)
 	avx512.isa = "avx512";
 	avx512.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_vnni;
 	avx512.vec_dot16[ENG_TYPE_Q4_0] = vec_dot16_q4_0_vnni;
-	avx512.pack8[ENG_TYPE_Q4_0] = pack8_q4_0;
 	avx512.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16_vnni;
-	avx512.pack8[ENG_TYPE_Q4_0_R16] = pack8_q4_0;
+	avx512.pack8[ENG_TYPE_Q4_0_R16] = base->pack8[ENG_TYPE_Q4_0]; /* AVX2's */
 	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0_vnni;
+	avx512.pack8[ENG_TYPE_Q8_0] = NULL; /* it reads the Q8_0 rows */
 	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
 	avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vnni;

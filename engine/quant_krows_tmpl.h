@@ -26,6 +26,11 @@
  * fastest from memory), with the row K_PREFETCH_ROWS ahead prefetched.
  */
 #ifndef KR_SWITCH
+/* Each token's int32 sum is one running register: without this, gcc
+ * reassociates the integer adds of the unrolled loops (legal: integers) into
+ * a tree over every product, and with eight tokens those products spill to
+ * the stack, two stores and two reloads per token and 64 elements. */
+#define KR_KEEP(v) __asm__("" : "+x"(v))
 /* Call CALL(tn) with tn a constant from 1 to KR_TOKENS: each case is an
  * inlined copy in which the token loops unroll and the accumulators stay
  * in registers. */
@@ -75,6 +80,7 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m128i m
 				_mm256_maddubs_epi16(qh, _mm256_loadu_si256((const void *)(q8 + 32)));
 
 			sumi[t] = KR_DPWSSD(KR_DPWSSD(sumi[t], pl16, scale_l), ph16, scale_h);
+			KR_KEEP(sumi[t]);
 		}
 	}
 	for (unsigned t = 0; t < tn; t++) {
@@ -190,6 +196,7 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 						_mm256_maddubs_epi16(m32, yk));
 
 					sumi[t] = KR_DPWSSD(sumi[t], p16, sk);
+					KR_KEEP(sumi[t]);
 				}
 			}
 		}

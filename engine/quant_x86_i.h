@@ -99,6 +99,20 @@ static inline __m128i k4_scales_mins_ssse3(const uint8_t *p)
 }
 
 /*
+ * A Q8_0 activation block as the eight- and sixteen-row Q4_0 kernels read it
+ * (pack8_q4_0 in quant_avx2.c makes it; both sets use it): their maddubs or
+ * vpdpbusd take the nibbles unsigned (0..15), so each block sum starts from
+ * -8 * sum(y); the scale as float; the 32 int8 as dwords, each broadcast to
+ * the eight or sixteen rows.  One 40-byte record, one stream per token.
+ */
+struct q8_0s {
+	int32_t base;      /* -8 * sum(qs) */
+	float d;           /* the fp16 scale, as float (exact) */
+	int32_t qs[8];     /* the block's 32 int8, as dwords */
+};
+_Static_assert(sizeof(struct q8_0s) * 4 <= ENG_PACK8_BYTES(4 * ENG_QK8_0), "q8_0s");
+
+/*
  * Memory: the multi-row kernels read 8 or 16 rows side by side, interleaved
  * streams of 18- or 34-byte steps, which the hardware prefetcher follows
  * poorly (half of the single-stream bandwidth, measured).  The rows of a

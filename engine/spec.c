@@ -29,19 +29,28 @@
  * are bit-identical to one-token passes (test_undo), and every token is the
  * model's argmax.
  *
- * How many to draft (adapt): a pass over n positions costs t1 + s (n - 1)
- * (s a quarter of t1 until measured), a drafted token td, and each draft is
- * accepted with probability a (per drafter, from what recent passes kept,
- * 1/2 before any); a pass drafting
- * k gives (1 - a^(k+1)) / (1 - a) tokens on average.  k is the one that
+ * How many to draft (choose_k): a pass over n positions costs t1 + s (n - 1),
+ * a drafted token td, and each draft is accepted with probability a (per
+ * drafter, from what recent passes kept, 1/2 before any); a pass drafting
+ * k gives (1 - a^(k+1)) / (1 - a) tokens on average.  t1 is the wall time
+ * of a plain pass; s is what a position adds to the pass's computing, from
+ * the engine's CPU time of each pass (eng_ctx_layer_ns, outside_ns) against
+ * a plain pass's, until measured a quarter of a plain pass's CPU time.  Not
+ * the wall time: streamed, a pass's wall time is the read of the streamed
+ * layers and varies by more than the few milliseconds a position adds, and
+ * a slope taken from it (wall - t1, over k) was mostly that noise, biased
+ * up by the clip at zero: adaptive drafting drafted 2.2 tokens a pass where
+ * always drafting 8 made 3.3.  The compute is an upper bound on what a
+ * position adds to the wall time (streamed, the read ahead hides some of
+ * it), and exact when nothing streams.  k is the one that
  * gives the most tokens per second, 0 (plain decoding) when none pays
  * (between --draft-min and --draft-max, where they are given).  The
  * first pass is plain, to measure t1; after that every PROBE_EVERY-th pass
  * makes the other choice (plain when drafting, one draft when not), to keep
  * t1 measured and to notice when drafting starts to pay.  Every estimate
  * is a moving average of measured passes: streamed from storage, t1 is the
- * read and s small, so k grows; fully resident, s is a good part of t1 and
- * k stays small or 0.
+ * read and s small beside it, so k grows; fully resident, s is a good part
+ * of t1 and k stays small or 0.
  *
  * The draft model's context follows the model's: it has been fed every
  * token the model has but those in `pending` (accepted in a pass it did
@@ -63,8 +72,8 @@
 #define PROBE_EVERY 32
 #define EMA 0.1           /* weight of the newest measurement */
 #define KEEP 0.95         /* what acceptance counts keep of the past, per pass */
-#define SLOPE_PRIOR 0.25  /* a position's cost, of a pass's, until measured (the
-			   * most a resident pass should cost: 8 for 3x one) */
+#define SLOPE_PRIOR 0.25  /* a position's compute, of a plain pass's, until
+			   * measured (8 positions at 3x one resident) */
 
 enum { SRC_LOOKUP, SRC_DRAFT, SRC_COUNT };
 
@@ -92,6 +101,7 @@ struct eng_spec {
 	float *resid;                /* [n_vocab] max(0, p - q) */
 	struct src_stats src[SRC_COUNT];
 	double t1, slope;            /* pass cost model (EMA); 0: not measured */
+	double c1;                   /* a plain pass's CPU time (EMA) */
 	bool slope_seen;
 	uint32_t since_probe;
 	struct eng_spec_stats stats;
@@ -438,6 +448,16 @@ int32_t spec_judge(struct eng_sampler *s, uint32_t n_vocab, const float *row, in
 	return d;
 }
 
+/* The CPU time of the model's last pass, seconds (layers and logits). */
+static double pass_cpu(const struct eng_ctx *c)
+{
+	uint64_t ns = c->outside_ns;
+
+	for (uint32_t l = 0; l < c->m->hp.n_layer; l++)
+		ns += c->layer_ns[l];
+	return (double)ns * 1e-9;
+}
+
 /* The best number of tokens for drafter src to draft (0: none pays). */
 static uint32_t choose_k(const struct eng_spec *sp, int src, uint32_t k_max)
 {
@@ -445,7 +465,7 @@ static uint32_t choose_k(const struct eng_spec *sp, int src, uint32_t k_max)
 	uint32_t k_min = umin(sp->cfg.draft_min, k_max), best = k_min;
 	double a, best_rate = 0, t1 = sp->t1;
 
-	double slope = sp->slope_seen ? sp->slope : SLOPE_PRIOR * t1;
+	double slope = sp->slope_seen ? sp->slope : SLOPE_PRIOR * (sp->c1 > 0 ? sp->c1 : t1);
 
 	if (k_min == k_max)
 		return k_max;
@@ -520,7 +540,7 @@ int eng_spec_step(struct eng_spec *sp, struct eng_sampler *s, int32_t last, int3
 	rc = target_decode(sp, batch, k + 1, sp->rows, true);
 	if (rc)
 		return rc;
-	double t_pass = now() - t0;
+	double t_pass = now() - t0, c_pass = pass_cpu(c);
 
 	/* judge */
 	for (a = 0; a < k; a++) {
@@ -557,11 +577,12 @@ int eng_spec_step(struct eng_spec *sp, struct eng_sampler *s, int32_t last, int3
 	/* learn */
 	if (k == 0) {
 		ema(&sp->t1, t_pass);
+		ema(&sp->c1, c_pass);
 	} else {
 		struct src_stats *st = &sp->src[src];
 
-		if (sp->t1 > 0) {
-			double per = fmax(0.0, (t_pass - sp->t1) / k);
+		if (sp->c1 > 0) {
+			double per = fmax(0.0, (c_pass - sp->c1) / k);
 
 			sp->slope = sp->slope_seen ? (1 - EMA) * sp->slope + EMA * per : per;
 			sp->slope_seen = true;

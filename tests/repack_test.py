@@ -11,6 +11,10 @@
   messages, and no OUT or temporary file left behind.
 - Hand-edited R16 types where they cannot be (token_embd, a 1-D norm) are
   refused by strata with exit 2 and a message naming the tensor.
+- --layers 1: a draft of the first layer and everything outside the layers,
+  with block_count 1; as --draft-model every one of its tensors is read from
+  the model's mapping, and greedy text is the plain greedy text; more layers
+  than the model has, or a bad count, exit 2 with one line and no file.
 """
 import os, struct, subprocess, sys, tempfile
 
@@ -135,5 +139,29 @@ with tempfile.TemporaryDirectory() as t:
         err = r.stderr.decode()
         check(r.returncode == 2 and why in err and name in err and err.count("\n") == 1,
               f"strata refuses Q4_0_R16 {name}", err.strip())
+
+    # --layers: a self-speculative draft
+    draft = os.path.join(t, "draft.gguf")
+    r = subprocess.run([repack, "--layers", "1", src, draft], capture_output=True)
+    check(r.returncode == 0 and b"1 layers" in r.stdout, "--layers 1: exit 0", r.stderr.decode())
+    dt, st = tensors(draft), tensors(src)
+    want = [n for n in st if not n.startswith("blk.") or n.startswith("blk.0.")]
+    check(sorted(dt) == sorted(want), "--layers 1: the first layer and the rest, no other layer")
+    r = subprocess.run([strata, "eval", "-m", draft, "--tokens", "1,403", "--logits-out",
+                        os.path.join(t, "x")], capture_output=True)
+    check(r.returncode == 0, "--layers 1: strata loads it (block_count 1)", r.stderr.decode())
+    run = [strata, "run", "-m", src, "-p", "Once upon a time", "-n", "40", "--temp", "0"]
+    plain = subprocess.run(run, capture_output=True)
+    spec = subprocess.run(run + ["--draft-model", draft], capture_output=True)
+    shared = f"{len(want)} tensors".encode()
+    check(spec.returncode == 0 and spec.stdout == plain.stdout and plain.stdout,
+          "--layers 1 as a draft: greedy text is the plain text", spec.stderr.decode())
+    check(b"draft: " + shared in spec.stderr and b"are the model's own" in spec.stderr,
+          "--layers 1 as a draft: all its tensors are read from the model's mapping",
+          spec.stderr.decode())
+    tool(2, "--layers more than the model has", "--layers", "99", src, os.path.join(t, "y.gguf"))
+    tool(2, "--layers 0", "--layers", "0", src, os.path.join(t, "y.gguf"))
+    check(not [f for f in os.listdir(t) if f.startswith("y.gguf")],
+          "--layers: a failed run leaves no file")
 
 sys.exit(1 if failed else 0)

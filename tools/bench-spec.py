@@ -15,8 +15,12 @@ acceptance is known: strata-mkmodel --out-gain G makes layers that barely
 change the residual stream, and the same shape with --layers 1 (same seed and
 gain) drafts for it (docs/benchmarks.md says which G gives what).
 
+Each round runs the settings, and the variants within each, in an order rotated
+by one from the round before, so that none is always first or last.
+
 usage: tools/bench-spec.py --target T.gguf --draft D.gguf [--poor-draft P.gguf]
-       [--budget 2G] [--rounds 3] [--sizes 1,2,4,8,12,16] [-n 48] [--fixed 8]
+       [--budget 2G] [--rounds 3] [--sizes 1,2,4,8,12,16] [-n 48] [--fixed 8[,K...]]
+       [--settings resident,streamed]
 Run as root (drops the page cache before each streamed set).
 """
 import argparse
@@ -28,7 +32,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import STRATA, drop_caches, size, start_daemon  # noqa: E402
+from benchlib import STRATA, drop_caches, size, start_daemon, status  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--target", required=True)
@@ -39,8 +43,12 @@ ap.add_argument("--budget", default="2G")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--sizes", default="1,2,4,8,12,16")
 ap.add_argument("-n", type=int, default=48, help="tokens decoded per run")
-ap.add_argument("--fixed", type=int, default=8, help="drafts per pass in the fixed runs")
+ap.add_argument("--fixed", default="8", help="drafts per pass in the fixed runs (a list: one "
+                "variant each)")
 ap.add_argument("-t", "--threads", type=int, default=2)
+ap.add_argument("--settings", default="resident,streamed",
+                help="which settings to run (e.g. resident alone, for the cost of drafting "
+                "where it cannot pay)")
 a = ap.parse_args()
 
 sock = f"/tmp/strata-bench-spec-{os.getpid()}.sock"
@@ -52,7 +60,15 @@ def bench(args, pager):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
-    return json.loads(r.stdout)
+    j = json.loads(r.stdout)
+    if pager:
+        # what the engine declared (the daemon holds it after the engine
+        # exits) and the resident layers the plan gave the target for it
+        st = status(sock)
+        if st:
+            j["declared_bytes"] = st["declared_bytes"]
+            j["resident_layers"] = st["models"][0]["resident_layers_planned"]
+    return j
 
 
 def daemon():
@@ -68,27 +84,44 @@ def stop(d):
 variants = {
     "plain": [],
     "draft (adaptive)": ["--draft-model", a.draft],
-    f"draft (always {a.fixed})": ["--draft-model", a.draft, "--draft-min", str(a.fixed),
-                                   "--draft-max", str(a.fixed)],
 }
+for k in a.fixed.split(","):
+    variants[f"draft (always {k})"] = ["--draft-model", a.draft, "--draft-min", k,
+                                       "--draft-max", k]
 if a.poor_draft:
     variants["poor draft (adaptive)"] = ["--draft-model", a.poor_draft]
-modes = ["resident", "streamed"]
+modes = [m for m in ("resident", "streamed") if m in a.settings.split(",")]
+if not modes:
+    sys.exit("bench-spec: --settings takes resident, streamed or both")
 pass_s = {m: [] for m in modes}
 dec = {(m, v): [] for m in modes for v in variants}
+
+
+def rotated(xs, r):
+    xs = list(xs)
+    return xs[r % len(xs):] + xs[:r % len(xs)]
+
+
+def acc_of(j):
+    kept, rej = j.get("spec_accepted", 0), j.get("spec_rejected", 0)
+    return f" (acc {kept / (kept + rej):.2f})" if kept + rej else ""
+
+
 for r in range(a.rounds):
-    for m in modes:
+    for m in rotated(modes, r):
         d = daemon() if m == "streamed" else None
+        order = rotated(variants, r)
         try:
             j = bench(["-n", "2", "--pass-sizes", a.sizes], d is not None)
             pass_s[m].append({p["positions"]: p["seconds"] for p in j["passes"]})
-            for v, args in variants.items():
-                dec[(m, v)].append(bench(["-n", str(a.n), *args], d is not None))
+            for v in order:
+                dec[(m, v)].append(bench(["-n", str(a.n), *variants[v]], d is not None))
         finally:
             if d:
                 stop(d)
         print(f"round {r + 1} {m}: " + ", ".join(
-            f"{v} {dec[(m, v)][-1]['decode_tps']:.3f}" for v in variants), file=sys.stderr)
+            f"{v} {dec[(m, v)][-1]['decode_tps']:.3f}{acc_of(dec[(m, v)][-1])}" for v in order),
+            file=sys.stderr)
 
 sizes = [int(x) for x in a.sizes.split(",")]
 print(f"\nOne pass over n positions (median of {a.rounds} rounds; x: against one position):\n")
@@ -104,19 +137,23 @@ for n in sizes:
 
 print(f"\nDecode, {a.n} tokens (median of {a.rounds} interleaved rounds; acceptance: drafts "
       f"kept / drafted, and per token = kept / (kept + passes that rejected one)):\n")
-print("| setting | decoding | tok/s | x plain | tokens per pass | kept / drafted | per token |")
-print("|---|---|---|---|---|---|---|")
+print("| setting | decoding | tok/s | x plain | tokens per pass | kept / drafted | per token | "
+      "declared MiB | resident layers |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in modes:
     base = statistics.median(j["decode_tps"] for j in dec[(m, "plain")])
     for v in variants:
         js = dec[(m, v)]
         tps = statistics.median(j["decode_tps"] for j in js)
+        mem = (f"{statistics.median(j['declared_bytes'] for j in js) / 2**20:.0f} | "
+               f"{statistics.median(j['resident_layers'] for j in js):.0f}"
+               if all("declared_bytes" in j for j in js) else "- | -")
         if v == "plain":
-            print(f"| {m} | {v} | {tps:.3f} | 1.00 | 1.00 | - | - |")
+            print(f"| {m} | {v} | {tps:.3f} | 1.00 | 1.00 | - | - | {mem} |")
             continue
         acc = sum(j["spec_accepted"] for j in js)
         dr = sum(j["spec_drafted"] for j in js)
         rej = sum(j["spec_rejected"] for j in js)
         tpp = sum(j["spec_tokens"] for j in js) / max(1, sum(j["spec_passes"] for j in js))
         print(f"| {m} | {v} | {tps:.3f} | {tps / base:.2f} | {tpp:.2f} | "
-              f"{acc / max(1, dr):.2f} | {acc / max(1, acc + rej):.2f} |")
+              f"{acc / max(1, dr):.2f} | {acc / max(1, acc + rej):.2f} | {mem} |")

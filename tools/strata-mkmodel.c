@@ -24,6 +24,7 @@
  * failed run never leaves a truncated model under the real name.
  */
 #include "gguf.h"
+#include "gguf_buf_i.h"
 #include "quant.h"
 
 #include <errno.h>
@@ -512,50 +513,6 @@ static uint32_t vocab_piece(uint64_t id, char buf[32], size_t *len)
 }
 
 /* ---- the header ---------------------------------------------------------- */
-
-struct buf {
-	uint8_t *p;
-	size_t len, cap;
-	bool oom; /* checked once at the end instead of after every put */
-};
-
-static void buf_put(struct buf *b, const void *src, size_t n)
-{
-	if (b->oom)
-		return;
-	if (b->cap - b->len < n) {
-		size_t cap = b->cap ? b->cap : 4096;
-		uint8_t *p;
-
-		while (cap - b->len < n)
-			cap *= 2;
-		p = realloc(b->p, cap);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->p = p;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, src, n);
-	b->len += n;
-}
-
-static void put_u32(struct buf *b, uint32_t v)
-{
-	buf_put(b, &v, 4);
-}
-
-static void put_u64(struct buf *b, uint64_t v)
-{
-	buf_put(b, &v, 8);
-}
-
-static void put_str(struct buf *b, const char *s, size_t len)
-{
-	put_u64(b, len);
-	buf_put(b, s, len);
-}
 
 static void kv_key(struct buf *b, uint32_t *n_kv, const char *key, enum gguf_vtype t)
 {

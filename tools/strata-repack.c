@@ -20,11 +20,24 @@
  * (and removes OUT.XXXXXX on an error or SIGINT, SIGTERM, SIGHUP).
  * Files with the new type are for strata only: other GGUF readers reject the
  * type number (64) rather than misread it.
+ *
+ *   strata-repack --layers N IN.gguf OUT.gguf
+ *
+ * writes instead IN's first N layers and everything outside the layers
+ * (embedding, output head, norms, all metadata but <arch>.block_count, which
+ * becomes N), every tensor's bytes as they are: a self-speculative draft for
+ * IN (--draft-model).  Its tensors are IN's, so strata computes the draft
+ * from IN's copy (eng_model_share) and it costs no memory of its own but its
+ * context (through the pager, its layers' bytes).  How well it drafts is
+ * another matter: the first layers of a model and its head guess the next
+ * token only as well as the model's later layers change little.
  */
 #include "gguf.h"
+#include "gguf_buf_i.h"
 #include "repack.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -91,6 +104,111 @@ static int copy_all(int in, const uint8_t *img, int out, uint64_t size)
 	return 0;
 }
 
+/* Is tensor t kept by --layers n: outside the layers, or blk.L. with L < n? */
+static bool kept(const struct gguf_tensor *t, uint32_t n)
+{
+	char name[96];
+	unsigned l;
+	char dot;
+
+	if (t->name.len < 4 || memcmp(t->name.ptr, "blk.", 4))
+		return true;
+	if (t->name.len >= sizeof(name))
+		return false;
+	memcpy(name, t->name.ptr, t->name.len);
+	name[t->name.len] = '\0';
+	return sscanf(name, "blk.%u%c", &l, &dot) == 2 && dot == '.' && l < n;
+}
+
+/*
+ * --layers n: the header of IN with its tensors cut to the first n layers
+ * into out, then each kept tensor's bytes.  The key-value records are copied
+ * as they lie in IN (a record runs from its key's length to the next key's,
+ * the last to the first tensor's name), <arch>.block_count rewritten.
+ */
+static int write_layers(const uint8_t *img, const struct gguf *g, uint32_t n, int out,
+			const char *in_path, uint64_t *n_kept, uint64_t *bytes)
+{
+	uint64_t n_kv = gguf_n_kv(g), n_t = gguf_n_tensors(g), align = gguf_alignment(g);
+	struct gguf_str arch;
+	char key[128];
+	const struct gguf_kv *bc;
+	struct buf b = { 0 };
+	uint64_t off = 0, data;
+
+	if (gguf_get_str(g, "general.architecture", &arch) || arch.len > 64)
+		return fail("%s: no general.architecture", in_path);
+	snprintf(key, sizeof(key), "%.*s.block_count", (int)arch.len, arch.ptr);
+	bc = gguf_find_kv(g, key);
+	if (!bc || (bc->type != GGUF_VT_U32 && bc->type != GGUF_VT_I32 &&
+		    bc->type != GGUF_VT_U64 && bc->type != GGUF_VT_I64))
+		return fail("%s: no integer %s", in_path, key);
+	if (bc->v.u64 < n || n_t == 0)
+		return fail("%s: has %llu layers, fewer than --layers %u", in_path,
+			    (unsigned long long)bc->v.u64, n);
+	*n_kept = 0;
+	for (uint64_t i = 0; i < n_t; i++)
+		*n_kept += kept(gguf_tensor_at(g, i), n);
+	put_u32(&b, GGUF_MAGIC);
+	put_u32(&b, gguf_version(g));
+	put_u64(&b, *n_kept);
+	put_u64(&b, n_kv);
+	for (uint64_t i = 0; i < n_kv; i++) {
+		const struct gguf_kv *kv = gguf_kv_at(g, i);
+		const uint8_t *from = (const uint8_t *)kv->key.ptr - 8;
+		const uint8_t *to = i + 1 < n_kv ? (const uint8_t *)gguf_kv_at(g, i + 1)->key.ptr - 8
+						 : (const uint8_t *)gguf_tensor_at(g, 0)->name.ptr - 8;
+
+		if (kv != bc) {
+			buf_put(&b, from, (size_t)(to - from));
+			continue;
+		}
+		put_str(&b, kv->key.ptr, kv->key.len);
+		put_u32(&b, kv->type);
+		if (kv->type == GGUF_VT_U32 || kv->type == GGUF_VT_I32)
+			put_u32(&b, n);
+		else
+			put_u64(&b, n);
+	}
+	for (uint64_t i = 0; i < n_t; i++) {
+		const struct gguf_tensor *t = gguf_tensor_at(g, i);
+
+		if (!kept(t, n))
+			continue;
+		put_str(&b, t->name.ptr, t->name.len);
+		put_u32(&b, t->n_dims);
+		for (uint32_t d = 0; d < t->n_dims; d++)
+			put_u64(&b, t->ne[d]);
+		put_u32(&b, t->type);
+		put_u64(&b, off);
+		off = (off + t->size + align - 1) / align * align;
+	}
+	data = (b.len + align - 1) / align * align;
+	while (!b.oom && b.len < data)
+		buf_put(&b, "", 1);
+	if (b.oom)
+		return fail("out of memory");
+	if (pwrite_all(out, b.p, b.len, 0))
+		return fail("%s: %s", out_tmp, strerror(errno));
+	free(b.p);
+	off = 0;
+	*bytes = 0;
+	for (uint64_t i = 0; i < n_t; i++) {
+		const struct gguf_tensor *t = gguf_tensor_at(g, i);
+
+		if (!kept(t, n))
+			continue;
+		if (pwrite_all(out, img + t->offset, t->size, (off_t)(data + off)))
+			return fail("%s: %s", out_tmp, strerror(errno));
+		off = (off + t->size + align - 1) / align * align;
+		*bytes += t->size;
+	}
+	/* the last tensor's padding, as writers leave it */
+	if (ftruncate(out, (off_t)(data + off)))
+		return fail("%s: %s", out_tmp, strerror(errno));
+	return 0;
+}
+
 /* Interrupted: no half-written OUT.XXXXXX left behind (unlink and _exit are
  * async-signal-safe). */
 static void on_signal(int sig)
@@ -98,6 +216,23 @@ static void on_signal(int sig)
 	if (out_tmp)
 		unlink(out_tmp);
 	_exit(128 + sig);
+}
+
+/* OUT.XXXXXX, made and watched: removed on an error or a signal. */
+static int open_out(const char *out_path, char *tmp, size_t len, int *out)
+{
+	if ((size_t)snprintf(tmp, len, "%s.XXXXXX", out_path) >= len)
+		return fail("%s: path too long", out_path);
+	*out = mkostemp(tmp, O_CLOEXEC);
+	if (*out < 0)
+		return fail("%s: %s", tmp, strerror(errno));
+	out_tmp = tmp;
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGHUP, on_signal);
+	if (fchmod(*out, 0644))
+		return fail("%s: %s", tmp, strerror(errno));
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -110,11 +245,25 @@ int main(int argc, char **argv)
 	uint64_t n_rep, n_all, n_done, bytes_done;
 	uint8_t *img, *oimg;
 	int in, out, rc;
+	long layers = 0;
 
+	if (argc == 5 && !strcmp(argv[1], "--layers")) {
+		char *end;
+
+		errno = 0;
+		layers = strtol(argv[2], &end, 10);
+		if (errno || end == argv[2] || *end || layers < 1 || layers > 100000)
+			return fail("--layers needs a number of layers from 1");
+		argv += 2;
+		argc -= 2;
+	}
 	if (argc != 3 || argv[1][0] == '-') {
 		fprintf(stderr, "usage: strata-repack IN.gguf OUT.gguf\n"
 				"  writes IN with its Q4_0 matrices as Q4_0_R16 (strata's "
-				"interleaved layout; same results, faster decode)\n");
+				"interleaved layout; same results, faster decode)\n"
+				"       strata-repack --layers N IN.gguf OUT.gguf\n"
+				"  writes IN's first N layers and its embedding and head: a draft "
+				"for IN (--draft-model) that shares IN's memory\n");
 		return 1;
 	}
 	in_path = argv[1];
@@ -133,21 +282,29 @@ int main(int argc, char **argv)
 		return fail("%s: %s", in_path, err);
 	n_all = gguf_n_tensors(g);
 	n_rep = eng_n_repackable(g);
+	if (layers) {
+		if ((rc = open_out(out_path, tmp, sizeof(tmp), &out)))
+			return rc;
+		if ((rc = write_layers(img, g, (uint32_t)layers, out, in_path, &n_done,
+				       &bytes_done)))
+			return rc;
+		if (fsync(out) || close(out) || rename(tmp, out_path))
+			return fail("%s: %s", out_path, strerror(errno));
+		out_tmp = NULL;
+		gguf_destroy(g);
+		printf("%s: %ld layers, %llu of %llu tensors (%.1f MiB) of %s\n", out_path, layers,
+		       (unsigned long long)n_done, (unsigned long long)n_all,
+		       (double)bytes_done / (1 << 20), in_path);
+		return 0;
+	}
 	gguf_destroy(g);
 	if (!n_rep)
 		return fail("%s: nothing to repack (no Q4_0 matrix with a multiple of 16 rows)",
 			    in_path);
 
-	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.XXXXXX", out_path) >= sizeof(tmp))
-		return fail("%s: path too long", out_path);
-	out = mkostemp(tmp, O_CLOEXEC);
-	if (out < 0)
-		return fail("%s: %s", tmp, strerror(errno));
-	out_tmp = tmp;
-	signal(SIGINT, on_signal);
-	signal(SIGTERM, on_signal);
-	signal(SIGHUP, on_signal);
-	if (fchmod(out, 0644) || copy_all(in, img, out, (uint64_t)st.st_size))
+	if ((rc = open_out(out_path, tmp, sizeof(tmp), &out)))
+		return rc;
+	if (copy_all(in, img, out, (uint64_t)st.st_size))
 		return fail("%s: copy: %s", tmp, strerror(errno));
 	munmap(img, (size_t)st.st_size);
 	close(in);
