@@ -183,6 +183,12 @@ uint64_t eng_ctx_kv_bytes(const struct eng_ctx *c);
  * ([n_layer]; not the time it slept on a page fault or lost to other
  * programs), and in the rest of that pass (the output matrix). */
 const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c);
+/* Called on the thread running a pass, before a mixture-of-experts layer
+ * reads its experts' weights, with the experts its router picked for the
+ * pass's rows (each once, ascending): whoever serves the weights (the
+ * pager) can read the missing ones at once.  NULL: none. */
+typedef void (*eng_route_fn)(void *arg, uint32_t layer, const uint32_t *experts, uint32_t n);
+void eng_ctx_set_route_hook(struct eng_ctx *c, eng_route_fn fn, void *arg);
 uint64_t eng_ctx_outside_ns(const struct eng_ctx *c);
 uint32_t eng_ctx_n_ctx(const struct eng_ctx *c);
 uint32_t eng_ctx_n_past(const struct eng_ctx *c);

@@ -183,6 +183,7 @@ static void ctx_alloc(struct eng_ctx *c)
 		c->moe_rows = xcalloc(c, nk, sizeof(uint32_t));
 		c->moe_pos = xcalloc(c, nk, sizeof(uint32_t));
 		c->moe_first = xcalloc(c, (size_t)hp->n_expert + 1, sizeof(uint32_t));
+		c->moe_route = xcalloc(c, hp->n_expert, sizeof(uint32_t));
 		c->moe_parts = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct mm_part));
 		c->moe_slice = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct wt));
 		c->moe_in = xcalloc(c, nk * hp->n_embd, sizeof(float));
@@ -311,6 +312,7 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->moe_rows);
 	free(c->moe_pos);
 	free(c->moe_first);
+	free(c->moe_route);
 	free(c->moe_parts);
 	free(c->moe_slice);
 	free(c->moe_in);
@@ -343,6 +345,12 @@ uint64_t eng_ctx_bytes(const struct eng_ctx *c)
 uint64_t eng_ctx_kv_bytes(const struct eng_ctx *c)
 {
 	return c->kv_bytes;
+}
+
+void eng_ctx_set_route_hook(struct eng_ctx *c, eng_route_fn fn, void *arg)
+{
+	c->route_fn = fn;
+	c->route_arg = arg;
 }
 
 const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c)
@@ -682,6 +690,16 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	}
 	/* a counting sort of the pairs by expert, tokens in order: expert e's
 	 * are moe_rows[first[e] .. first[e + 1]) */
+	/* the experts picked, before their weights are touched: a pager reads
+	 * the missing ones at once instead of a fault at a time */
+	if (c->route_fn) {
+		uint32_t nr = 0;
+
+		for (uint32_t e = 0; e < N; e++)
+			if (first[e + 1])
+				c->moe_route[nr++] = e;
+		c->route_fn(c->route_arg, l, c->moe_route, nr);
+	}
 	for (uint32_t e = 0; e < N; e++)
 		first[e + 1] += first[e];
 	for (uint32_t i = 0; i < np; i++) {

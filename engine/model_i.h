@@ -147,6 +147,9 @@ struct eng_ctx {
 	uint32_t *moe_rows;          /* [n_batch * k] the pairs sorted by expert */
 	uint32_t *moe_pos;           /* [n_batch * k] a pair's place in moe_rows */
 	uint32_t *moe_first;         /* [n_expert + 1] each expert's run in moe_rows */
+	uint32_t *moe_route;         /* [n_expert] the experts a pass picked */
+	eng_route_fn route_fn;       /* told them first (eng_ctx_set_route_hook) */
+	void *route_arg;
 	struct mm_part *moe_parts;   /* [2 n_expert] one matmul's experts */
 	struct wt *moe_slice;        /* [2 n_expert] their matrices */
 	float *moe_in;               /* [n_batch * k][n_embd] the pairs' inputs, sorted */

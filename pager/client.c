@@ -549,6 +549,21 @@ int pager_client_report(struct pager_client *c, const struct pager_pass_report *
 	return proto_send(c->sock, PROTO_PASS, p, PROTO_PASS_FIXED + 4 * n_layers, -1);
 }
 
+int pager_client_route(struct pager_client *c, uint32_t layer, const uint32_t *experts,
+		       uint32_t n)
+{
+	uint8_t p[PROTO_ROUTE_FIXED + 4 * PROTO_ROUTE_MAX];
+
+	_Static_assert(PAGER_ROUTE_MAX == PROTO_ROUTE_MAX, "the client's limit is the wire's");
+	if (n == 0 || n > PROTO_ROUTE_MAX)
+		return 0;
+	proto_put_u32(p, layer);
+	proto_put_u32(p + 4, n);
+	for (uint32_t i = 0; i < n; i++)
+		proto_put_u32(p + PROTO_ROUTE_FIXED + 4 * i, experts[i]);
+	return proto_send(c->sock, PROTO_ROUTE, p, PROTO_ROUTE_FIXED + 4 * n, -1);
+}
+
 void pager_client_close(struct pager_client *c)
 {
 	uint64_t one = 1;

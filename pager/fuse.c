@@ -213,6 +213,8 @@ static void note_read(struct model *m, uint64_t off, uint64_t len)
 		if (us->pc == PC_NONE) {
 			us->pc = PC_SOME;
 			m->cache_bytes += m->lay->units[u].bytes;
+			if (pager_is_expert(m->lay, (unsigned)u))
+				pager_experts_fuse_read(m, (unsigned)u);
 		}
 		if (us->pc_job == PC_DROPPING)
 			us->pc_read_during = true;
@@ -379,7 +381,7 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	r = m->fuse_reader;
 	u = pager_layout_unit_of(m->lay, (uint64_t)off);
 	if (u > 0)
-		r->pos = u;
+		r->pos = m->lay->units[u].layer + 1; /* an expert's: its layer's */
 	if (r->faults++ % 64 == 0 || !r->pid)
 		r->pid = reader_pid(req);
 	m->fuse_reads++;

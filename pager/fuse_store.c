@@ -430,6 +430,58 @@ static bool store_due(const struct model *m, unsigned u)
 	return wanted(m, u) && (m->us[u].pc == PC_NONE || m->us[u].pc == PC_SOME);
 }
 
+/* Queue the drop of unit u from the page cache. */
+static void drop(struct model *m, unsigned u)
+{
+	struct job *j = calloc(1, sizeof(*j));
+
+	if (!j)
+		return; /* retried at the next policy step */
+	*j = (struct job){ .m = m, .u = u, .kind = PC_DROPPING };
+	m->us[u].pc_job = PC_DROPPING;
+	job_queue(m->p->fuse, j);
+}
+
+/* May expert i (over all layers) leave the page cache now? */
+static bool expert_may_go(void *arg, unsigned i)
+{
+	const struct model *m = arg;
+	unsigned u = m->lay->n_layers + 1 + i;
+
+	return m->us[u].pc != PC_NONE && m->us[u].pc_job == PC_IDLE &&
+	       !pager_fuse_waits_for(m, u);
+}
+
+/*
+ * A mixture of experts through the mount: its experts are never stored
+ * ahead (the reader says nothing of its routes); a read inside an expert
+ * reads that range from the file (fuse.c), and the expert then counts as
+ * in the page cache.  Past the expert cache's capacity, the experts with
+ * the lowest decayed count of such reads are dropped.  The page cache
+ * answers the reader's hits without the daemon, so the count is of
+ * misses only: the choice is closer to least recently read than to least
+ * used.
+ */
+static void drop_experts(struct model *m)
+{
+	const struct pager_layout *l = m->lay;
+	uint64_t held = 0;
+
+	if (!l->n_experts)
+		return;
+	for (unsigned u = l->n_layers + 1; u < l->n_units; u++)
+		if (m->us[u].pc != PC_NONE && m->us[u].pc_job != PC_DROPPING)
+			held += l->units[u].bytes;
+	while (held > m->ex.capacity) {
+		long v = expert_cache_victim(&m->ex.cache, expert_may_go, m);
+
+		if (v < 0)
+			return;
+		drop(m, l->n_layers + 1 + (unsigned)v);
+		held -= l->units[l->n_layers + 1 + v].bytes;
+	}
+}
+
 /*
  * The mount's side of a policy step: drop from the page cache what the
  * policy no longer wants there, and start storing what it wants while the
@@ -445,19 +497,13 @@ void pager_fuse_advance(struct model *m)
 
 	if (f->quit)
 		return;
-	for (unsigned u = 0; u < m->lay->n_units; u++) {
+	for (unsigned u = 0; u <= m->lay->n_layers; u++) { /* experts: below */
 		struct ustat *us = &m->us[u];
 
 		if (us->pc_job != PC_IDLE)
 			continue;
 		if (us->pc != PC_NONE && !wanted(m, u) && !pager_fuse_waits_for(m, u)) {
-			struct job *j = calloc(1, sizeof(*j));
-
-			if (!j)
-				continue; /* retried at the next policy step */
-			*j = (struct job){ .m = m, .u = u, .kind = PC_DROPPING };
-			us->pc_job = PC_DROPPING;
-			job_queue(f, j);
+			drop(m, u);
 		} else if (store_due(m, u)) {
 			uint64_t need = us->pc == PC_NONE ? m->lay->units[u].bytes : 0;
 
@@ -466,5 +512,6 @@ void pager_fuse_advance(struct model *m)
 			stream_start(m, u, us->resident || m->fuse_reader->pos == (int)u);
 		}
 	}
+	drop_experts(m);
 	pump(m->p);
 }

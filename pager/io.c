@@ -2,7 +2,10 @@
  * io.c - read file extents into memory with io_uring, large and many at once.
  *
  * A request (one extent of a unit) is split into chunks of `chunk` bytes;
- * up to `depth` chunks are in flight, the rest wait in a FIFO.  Reads are
+ * up to `depth` chunks' bytes are in flight, the rest wait in a FIFO.  Bytes,
+ * not chunks: an expert of a mixture of experts is three extents of about
+ * 1 MiB, and `depth` of those in flight would read a fraction of what the
+ * device gives (at most IO_MAX_INFLIGHT requests).  Reads are
  * O_DIRECT (the caller opens the file so) into the caller's mapping of the
  * memfd: plain reads, never registered buffers, because registered buffers
  * pin pages that a later punch hole would orphan.  Punch holes go through
@@ -35,11 +38,15 @@ struct chunk {
 	void *tag;
 };
 
+/* Requests in flight at most, however small. */
+#define IO_MAX_INFLIGHT 64
+
 struct pager_io {
 	struct io_uring ring;
 	int efd;
 	unsigned depth;
 	unsigned inflight;
+	uint64_t inflight_bytes;
 	uint64_t chunk;
 	struct chunk *head, *tail; /* waiting to be submitted */
 	uint64_t busy_since_ns;    /* when inflight went from 0 to 1 */
@@ -56,7 +63,8 @@ int pio_create(unsigned depth, uint64_t chunk, struct pager_io **out)
 		return -ENOMEM;
 	io->depth = depth;
 	io->chunk = chunk;
-	rc = io_uring_queue_init(depth * 2, &io->ring, 0);
+	rc = io_uring_queue_init(depth * 2 > IO_MAX_INFLIGHT ? depth * 2 : IO_MAX_INFLIGHT,
+				 &io->ring, 0);
 	if (rc < 0) {
 		free(io);
 		return rc;
@@ -113,12 +121,15 @@ static void submit_waiting(struct pager_io *io)
 {
 	bool any = false;
 
-	while (io->head && io->inflight < io->depth) {
+	while (io->head && io->inflight < IO_MAX_INFLIGHT &&
+	       (io->inflight == 0 ||
+		io->inflight_bytes + io->head->len <= io->chunk * io->depth)) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
 		struct chunk *c = io->head;
 
 		if (!sqe)
 			break;
+		io->inflight_bytes += c->punch ? 0 : c->len;
 		io->head = c->next;
 		if (!io->head)
 			io->tail = NULL;
@@ -205,6 +216,7 @@ void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
 		int res = cqe->res;
 
 		io_uring_cqe_seen(&io->ring, cqe);
+		io->inflight_bytes -= c->punch ? 0 : c->len;
 		if (--io->inflight == 0)
 			io->busy_ns += pager_now_ns() - io->busy_since_ns;
 		if (res == -EINTR || res == -EAGAIN) {

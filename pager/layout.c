@@ -14,6 +14,15 @@
  * The pager leaves those unmapped when it maps a streamed layer into a
  * client, so the client's first touch of the layer raises one fault that
  * tells the pager where the engine is, without the engine's help.
+ *
+ * In a mixture of experts (tensors blk.N.*_exps, [cols, rows, experts]),
+ * when asked for, each expert is a unit of its own: its slices of the
+ * layer's *_exps tensors (the expert dimension is the outermost, so a slice
+ * is contiguous: size / E bytes at e * size / E), units n_layers + 1 on,
+ * layer by layer.  The layer's unit keeps the rest (attention, norms, the
+ * router): its core.  Expert units have no tripwires: the engine says which
+ * experts it routed to (ROUTE), and a fault on one is answered when it is
+ * read.
  */
 #include "pager_i.h"
 
@@ -155,7 +164,8 @@ static int index_pages(struct pager_layout *l)
 	uint64_t n = l->map_size / l->page;
 
 	l->page_unit = malloc((n ? n : 1) * sizeof(*l->page_unit));
-	if (!l->page_unit)
+	l->page_units = calloc(n ? n : 1, 1);
+	if (!l->page_unit || !l->page_units)
 		return -ENOMEM;
 	for (uint64_t i = 0; i < n; i++)
 		l->page_unit[i] = NO_UNIT;
@@ -167,19 +177,71 @@ static int index_pages(struct pager_layout *l)
 		for (unsigned i = 0; i < l->units[u].n_ext; i++) {
 			const struct pager_extent *e = &l->units[u].ext[i];
 
-			for (uint64_t pg = e->off / l->page; pg < (e->off + e->len) / l->page; pg++)
+			for (uint64_t pg = e->off / l->page; pg < (e->off + e->len) / l->page; pg++) {
 				l->page_unit[pg] = (uint16_t)u;
+				if (l->page_units[pg] < 2)
+					l->page_units[pg]++;
+			}
 		}
+	/* an expert's boundary page stays when it goes (its neighbour's) */
+	for (uint64_t pg = 0; pg < n; pg++)
+		if (l->page_units[pg] > 1 && pager_is_expert(l, l->page_unit[pg]))
+			l->expert_shared += l->page;
 	return 0;
 }
 
-int pager_layout_build(const void *image, size_t size, uint64_t page,
+/* A layer's expert tensor: blk.N.*_exps.weight, three dimensions. */
+static bool is_exps(const struct gguf_tensor *t)
+{
+	static const char suffix[] = "_exps.weight";
+	size_t n = sizeof(suffix) - 1;
+
+	return t->n_dims == 3 && t->name.len > n &&
+	       !memcmp(t->name.ptr + t->name.len - n, suffix, n);
+}
+
+/*
+ * The experts per layer if the model is a mixture of experts whose expert
+ * tensors agree (0 if it is none), and the most expert tensors a layer has.
+ * -EINVAL with the reason when they disagree: a count that differs between
+ * tensors, or a size that is no whole number of experts.
+ */
+static long count_experts(const struct gguf *g, unsigned *per_layer, char *err, size_t errlen)
+{
+	unsigned counts[4097] = { 0 };
+	uint64_t E = 0;
+
+	*per_layer = 0;
+	for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+		const struct gguf_tensor *t = gguf_tensor_at(g, i);
+		long n = layer_of(t->name);
+
+		if (n < 0 || n > 4096 || !is_exps(t))
+			continue;
+		if (!E)
+			E = t->ne[2];
+		if (t->ne[2] != E || !E || E > 65536 || t->size % E) {
+			snprintf(err, errlen, "tensor %.*s has %llu experts of %llu bytes, "
+				 "others %llu: inconsistent expert tensors", (int)t->name.len,
+				 t->name.ptr, (unsigned long long)t->ne[2],
+				 (unsigned long long)(t->ne[2] ? t->size / t->ne[2] : 0),
+				 (unsigned long long)E);
+			return -EINVAL;
+		}
+		if (++counts[n] > *per_layer)
+			*per_layer = counts[n];
+	}
+	return (long)E;
+}
+
+int pager_layout_build(const void *image, size_t size, uint64_t page, bool experts,
 		       struct pager_layout **out, char *err, size_t errlen)
 {
 	const struct gguf_tensor *sparse;
 	struct pager_layout *l;
 	struct gguf *g;
-	long max_layer = -1;
+	long max_layer = -1, E = 0;
+	unsigned per_layer = 0;
 	int rc;
 
 	*out = NULL;
@@ -197,6 +259,16 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 		gguf_destroy(g);
 		return -EINVAL;
 	}
+	if (experts) {
+		E = count_experts(g, &per_layer, err, errlen);
+		if (E < 0) {
+			gguf_destroy(g);
+			return (int)E;
+		}
+		/* more units than a page's owner can name: whole layers */
+		if ((uint64_t)(max_layer + 1) * ((uint64_t)E + 1) + 1 >= SPARSE_UNIT)
+			E = 0;
+	}
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		goto oom;
@@ -204,15 +276,21 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 	l->page = page;
 	l->map_size = (size + page - 1) / page * page;
 	l->n_layers = (unsigned)(max_layer + 1);
-	l->n_units = l->n_layers + 1;
+	l->n_experts = (unsigned)E;
+	l->n_units = l->n_layers + 1 + l->n_layers * l->n_experts;
 	l->units = calloc(l->n_units, sizeof(*l->units));
 	if (!l->units)
 		goto oom;
-	/* Capacity: every tensor could land in one unit; plus the header. */
+	/* Capacity: every tensor could land in one unit; plus the header.  An
+	 * expert unit has a slice of each of its layer's expert tensors. */
 	for (unsigned u = 0; u < l->n_units; u++) {
-		l->units[u].layer = (int)u - 1;
-		l->units[u].ext = calloc(gguf_n_tensors(g) + 1, sizeof(struct pager_extent));
-		l->units[u].trip = calloc(gguf_n_tensors(g) + 1, sizeof(uint64_t));
+		bool ex = pager_is_expert(l, u);
+		size_t cap = ex ? per_layer : gguf_n_tensors(g) + 1;
+
+		l->units[u].layer = ex ? (int)((u - l->n_layers - 1) / l->n_experts) : (int)u - 1;
+		l->units[u].expert = ex ? (int)((u - l->n_layers - 1) % l->n_experts) : -1;
+		l->units[u].ext = calloc(cap, sizeof(struct pager_extent));
+		l->units[u].trip = calloc(ex ? 1 : cap, sizeof(uint64_t));
 		if (!l->units[u].ext || !l->units[u].trip)
 			goto oom;
 	}
@@ -236,6 +314,16 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 			l->sparse.len = (end < l->map_size ? end : l->map_size) - l->sparse.off;
 			continue;
 		}
+		if (E && n >= 0 && is_exps(t)) {
+			uint64_t slice = t->size / (uint64_t)E;
+
+			for (unsigned e = 0; e < (unsigned)E; e++) {
+				struct pager_unit *x = &l->units[pager_expert_unit(l, (unsigned)n, e)];
+
+				x->ext[x->n_ext++] = (struct pager_extent){ t->offset + e * slice, slice };
+			}
+			continue;
+		}
 		u->ext[u->n_ext++] = (struct pager_extent){ t->offset, t->size };
 		if (n >= 0)
 			u->trip[u->n_trip++] = t->offset - t->offset % page;
@@ -244,9 +332,18 @@ int pager_layout_build(const void *image, size_t size, uint64_t page,
 		normalize(&l->units[u], page, l->map_size);
 	if (cover_gaps(l))
 		goto oom;
-	for (unsigned u = 1; u < l->n_units; u++)
+	for (unsigned u = 1; u <= l->n_layers; u++)
 		if (l->units[u].bytes > l->max_layer_bytes)
 			l->max_layer_bytes = l->units[u].bytes;
+	for (unsigned n = 0; n < l->n_layers && E; n++) {
+		uint64_t b = 0;
+
+		for (unsigned e = 0; e < (unsigned)E; e++)
+			b += l->units[pager_expert_unit(l, n, e)].bytes;
+		if (b > l->max_layer_experts)
+			l->max_layer_experts = b;
+		l->expert_bytes += b;
+	}
 	if (index_pages(l))
 		goto oom;
 	gguf_destroy(g);
@@ -269,6 +366,7 @@ void pager_layout_destroy(struct pager_layout *l)
 	}
 	free(l->units);
 	free(l->page_unit);
+	free(l->page_units);
 	free(l);
 }
 
@@ -300,6 +398,15 @@ bool pager_layout_sparse_own(const struct pager_layout *l, uint64_t *off, uint64
 	if (*end > *off && pager_layout_unit_of(l, *end - l->page) != PAGER_SPARSE)
 		*end -= l->page;
 	return *end > *off;
+}
+
+bool pager_layout_page_shared(const struct pager_layout *l, unsigned u, uint64_t off)
+{
+	uint64_t pg = off / l->page;
+
+	if (off >= l->map_size || !l->page_units[pg])
+		return false;
+	return l->page_units[pg] > 1 || l->page_unit[pg] != u;
 }
 
 bool pager_unit_has_page(const struct pager_unit *u, uint64_t off)

@@ -131,6 +131,14 @@ struct pager_pass_report {
 };
 /* Send at most about ten a second (sum what came in between).  0 or -EIO. */
 int pager_client_report(struct pager_client *c, const struct pager_pass_report *r);
+/* A mixture of experts' layer is about to read experts[0..n) (its router's
+ * picks for the pass, each once): the daemon reads those it lacks at once
+ * (a daemon serving the model by whole layers ignores it).  Nothing is sent
+ * for more than PAGER_ROUTE_MAX experts: the faults then say it.  0 or
+ * -EIO. */
+#define PAGER_ROUTE_MAX 1024
+int pager_client_route(struct pager_client *c, uint32_t layer, const uint32_t *experts,
+		       uint32_t n);
 /* Unmap and disconnect (the watchdog stops first, so this is not "lost"). */
 void pager_client_close(struct pager_client *c);
 

@@ -1,5 +1,5 @@
 /*
- * proto_i.h - the stratad wire protocol (version 5), shared by the daemon, the
+ * proto_i.h - the stratad wire protocol (version 6), shared by the daemon, the
  * client library and stratactl.  docs/protocol.md says the same in prose.
  *
  * Transport: a unix seqpacket socket.  Every message is a 16-byte header and a
@@ -8,7 +8,7 @@
  *
  *   off size field
  *     0    4 magic     0x41525453 ("STRA")
- *     4    2 version   5
+ *     4    2 version   6
  *     6    2 type      enum proto_type
  *     8    4 length    payload bytes that follow (<= PROTO_MAX_PAYLOAD)
  *    12    4 reserved  0
@@ -32,6 +32,9 @@
  *   client -> PASS     decode passes since the last PASS and their time (at
  *                      most about ten a second): what the speed predictor
  *                      learns the engine's compute time from (predict.c)
+ *   client -> ROUTE    a mixture of experts' layer: the experts its router
+ *                      picked for the pass, before it reads them, so the
+ *                      daemon reads the missing ones at once (experts.c)
  *   ... the daemon writes nothing else unless it drops the client (ERROR);
  *   EOF on either side ends the session.
  *
@@ -55,7 +58,7 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC 0x41525453u
-#define PROTO_VERSION 5
+#define PROTO_VERSION 6
 #define PROTO_HDR_SIZE 16
 #define PROTO_MAX_PAYLOAD (1u << 20)
 #define PROTO_MAX_NAME 4096
@@ -73,6 +76,7 @@ enum proto_type {
 	PROTO_REMAP = 10,
 	PROTO_REMAPPED = 11,
 	PROTO_PASS = 12,
+	PROTO_ROUTE = 13,
 };
 
 enum proto_role {
@@ -161,6 +165,14 @@ enum proto_role {
  *   32  4 each        per layer, the engine's CPU time in it, microseconds */
 #define PROTO_PASS_FIXED 32
 
+/* ROUTE payload (8 + 4 * n bytes, 1 <= n <= PROTO_ROUTE_MAX):
+ *    0  4 layer       the layer about to read its experts
+ *    4  4 n           experts
+ *    8  4 each        expert index, each < the model's experts per layer,
+ *                     each once.  Sent only for a model with expert units. */
+#define PROTO_ROUTE_FIXED 8
+#define PROTO_ROUTE_MAX 1024
+
 /* ERROR payload (>= 4 bytes):
  *    0  4 errno   positive errno value
  *    4  ...       message, UTF-8, not NUL-terminated */
@@ -198,6 +210,10 @@ struct proto_msg {
 			uint64_t wall_ns;
 			const uint8_t *layer_us; /* n_layers u32 */
 		} pass;
+		struct {
+			uint32_t layer, n;
+			const uint8_t *experts; /* n u32 */
+		} route;
 	} u;
 };
 

@@ -47,10 +47,7 @@
  * asynchronous punch is queued, and a page per boundary is cheap to keep. */
 bool pager_page_shared(const struct model *m, unsigned u, uint64_t off)
 {
-	for (unsigned v = 0; v < m->lay->n_units; v++)
-		if (v != u && pager_unit_has_page(&m->lay->units[v], off))
-			return true;
-	return false;
+	return pager_layout_page_shared(m->lay, u, off);
 }
 
 
@@ -96,6 +93,8 @@ static void released(struct model *m, unsigned u)
 		pager_pressure_released(m->p, m->lay->units[u].bytes);
 	}
 	m->us[u].state = U_ABSENT;
+	if (pager_is_expert(m->lay, u))
+		m->ex.held -= m->lay->units[u].bytes;
 	if (m->us[u].slot >= 0) {
 		m->slot_unit[m->us[u].slot] = -1;
 		m->us[u].slot = -1;
@@ -144,9 +143,11 @@ static void release(struct model *m, unsigned u)
 			run.len += own.len;
 			continue;
 		}
-		if (run.len && m->us[u].shed_pending) {
+		if (run.len && (m->us[u].shed_pending || pager_is_expert(m->lay, u))) {
 			/* Memory pressure: free it now, on this thread, rather
-			 * than behind the reads queued on the ring. */
+			 * than behind the reads queued on the ring.  An expert
+			 * too: a few MiB, and the load that waits for the room
+			 * should not wait behind the reads (experts.c). */
 			if (fallocate(m->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 				      (off_t)run.off, (off_t)run.len))
 				pager_log_errno(PAGER_LOG_ERR, errno, "%s: evicting layer %d", m->name,
@@ -168,7 +169,7 @@ static void release(struct model *m, unsigned u)
 		released(m, u);
 }
 
-static void evict(struct model *m, unsigned u)
+void pager_evict(struct model *m, unsigned u)
 {
 	if (m->us[u].state != U_LOADED)
 		return;
@@ -283,7 +284,8 @@ int pager_slots_create(struct model *m)
 	m->slotfd = -1;
 	for (unsigned u = 0; u < m->lay->n_units; u++)
 		m->us[u].slot = -1;
-	if (m->p->n_consumers > 1 || L == 0)
+	/* with expert units the layers' cores are resident: nothing streams */
+	if (m->p->n_consumers > 1 || L == 0 || m->lay->n_experts)
 		return 0;
 	for (unsigned u = 1; u <= L; u++) {
 		unsigned n = pager_own_ranges(m, u, own, SLOT_RANGES);
@@ -452,6 +454,8 @@ int pager_load(struct model *m, unsigned u)
 		take_slot(m, u);
 	else
 		m->mem_bytes += un->bytes;
+	if (pager_is_expert(m->lay, u))
+		m->ex.held += un->bytes;
 	/* Each extent: into the memfd, or, in a slot, its own pages there (one
 	 * after the other) and any shared boundary page into the memfd. */
 	uint64_t at = m->us[u].slot >= 0 ? (uint64_t)m->us[u].slot * m->slot_size : 0;
@@ -516,6 +520,8 @@ void pager_io_done(void *tag_, int err, uint64_t bytes, bool last, void *arg)
 	}
 	us->bytes_read += bytes;
 	m->bytes_read += bytes;
+	if (pager_is_expert(m->lay, u))
+		m->ex.bytes_read += bytes;
 	if (err && !us->io_err) {
 		us->io_err = err;
 		pager_log_errno(PAGER_LOG_ERR, err, "%s: reading unit %u", m->name, u);
@@ -547,12 +553,23 @@ static uint64_t sparse_held(const struct model *m)
 	return m->lay->sparse.len < PAGER_SPARSE_CAP ? m->lay->sparse.len : PAGER_SPARSE_CAP;
 }
 
-/* Its layers' bytes. */
+/* Its layers' bytes (with expert units: the cores and the experts). */
 static uint64_t layer_bytes(const struct model *m)
 {
 	uint64_t n = 0;
 
 	for (unsigned u = 1; u < m->lay->n_units; u++)
+		n += m->lay->units[u].bytes;
+	return n;
+}
+
+/* With expert units: what is always resident, unit 0 and the layers' cores,
+ * and the experts' boundary pages (kept when they go). */
+static uint64_t expert_fixed(const struct model *m)
+{
+	uint64_t n = m->lay->units[0].bytes + m->lay->expert_shared;
+
+	for (unsigned u = 1; u <= m->lay->n_layers; u++)
 		n += m->lay->units[u].bytes;
 	return n;
 }
@@ -591,9 +608,39 @@ static uint64_t consumers_fixed(const struct pager *p)
  * the consumers need beside it. */
 static uint64_t minimum(const struct model *m, const struct pager *p, unsigned n)
 {
+	if (m->lay->n_experts) /* the cores, and one layer's experts in use */
+		return n * plan_minimum(full_bytes(m), expert_fixed(m), m->lay->max_layer_experts,
+					m->lay->n_layers, 0, sparse_held(m), 0) +
+		       consumers_fixed(p);
 	return n * plan_minimum(full_bytes(m), m->lay->units[0].bytes, m->lay->max_layer_bytes,
 				m->lay->n_layers, p->window, sparse_held(m), 0) +
 	       consumers_fixed(p);
+}
+
+/*
+ * A model with expert units: the plan's layers are its experts, a layer's
+ * at a time (the cores are in the minimum, always resident), and the
+ * expert cache holds what the allowance leaves beyond the cores; with
+ * --resident N or layers shed by pressure, no more than the layer in use
+ * and N layers' worth of experts.
+ */
+static void plan_experts(struct model *m, const struct plan_model *pm)
+{
+	const struct pager_layout *l = m->lay;
+	uint64_t fixed = m->copies * (expert_fixed(m) + sparse_held(m)) + consumers_fixed(m->p);
+	uint64_t cap = UINT64_MAX;
+
+	for (unsigned u = 1; u <= l->n_layers; u++)
+		m->us[u].resident = true;
+	/* each consumer present (engines, the mount's reader) has its own */
+	if (pm->allowance != UINT64_MAX)
+		cap = pm->allowance > fixed ? (pm->allowance - fixed) / m->copies : 0;
+	if ((m->p->cfg.resident >= 0 || m->shed) && pm->n_resident < l->n_layers) {
+		uint64_t r = l->max_layer_experts + pm->n_resident * (l->expert_bytes / l->n_layers);
+
+		cap = r < cap ? r : cap;
+	}
+	m->ex.capacity = cap;
 }
 
 /* Share the budget (plan.c) and mark each model's resident layers: the
@@ -616,6 +663,12 @@ void pager_plan(struct pager *p)
 		pm->window = p->window;
 		pm->shed = m->shed;
 		pm->tps = m->plan_tps;
+		if (m->lay->n_experts) {
+			/* the predictor's curve is of streamed layers: none here */
+			pm->layer_bytes = m->lay->expert_bytes / L;
+			pm->window = 0;
+			pm->tps = NULL;
+		}
 		for (unsigned r = 0; r <= L && pm->tps; r++)
 			if (!((m->plan_tps[r] = pager_predict_tps(m, r)) > 0))
 				pm->tps = NULL; /* nothing decoded yet */
@@ -629,6 +682,8 @@ void pager_plan(struct pager *p)
 		m->us[0].resident = true;
 		for (unsigned l = 0; l < m->lay->n_layers; l++)
 			m->us[l + 1].resident = m->rank[l] < n;
+		if (m->lay->n_experts)
+			plan_experts(m, &p->plan_models[i]);
 	}
 }
 
@@ -716,7 +771,7 @@ uint64_t pager_held(const struct model *m)
 void pager_policy_advance(struct model *m)
 {
 	struct pager *p = m->p;
-	unsigned U = m->lay->n_units;
+	unsigned U = m->lay->n_layers + 1; /* the expert units: experts.c */
 
 	/* an engine and a reader of the mount arrived or left: the copies */
 	if (copies(m) != m->copies)
@@ -733,7 +788,7 @@ void pager_policy_advance(struct model *m)
 		if (m->us[u].state == U_LOADED && !held_by_consumer(m, u) &&
 		    (!pager_wants_mem(m, u) || m->us[u].shed_pending ||
 		     (m->us[u].slot >= 0 && m->us[u].resident)))
-			evict(m, u); /* (a slot's layer planned resident goes to the memfd) */
+			pager_evict(m, u); /* (a slot's layer planned resident goes to the memfd) */
 	for (unsigned i = 0; i < p->n_consumers; i++)
 		if (p->consumers[i]->advance)
 			p->consumers[i]->advance(m);
@@ -756,6 +811,7 @@ void pager_policy_advance(struct model *m)
 		if (pager_load(m, u))
 			break;
 	}
+	pager_experts_advance(m);
 }
 
 /* ---- NUMA placement --------------------------------------------------- */

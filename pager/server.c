@@ -93,6 +93,7 @@ static void free_client(struct client *c)
 	}
 	if (m) {
 		pager_slots_forget(c);
+		pager_experts_forget(c);
 		/* forget its waiters */
 		for (unsigned u = 0; u < m->lay->n_units; u++) {
 			struct waiter **pw = &m->waiters[u];
@@ -299,6 +300,8 @@ static void on_sock(struct client *c)
 {
 	/* the largest message a client sends: HELLO with a name, or PASS */
 	uint8_t buf[PROTO_HDR_SIZE + PROTO_MAX_NAME + 64];
+	_Static_assert(PROTO_ROUTE_FIXED + 4 * PROTO_ROUTE_MAX <= PROTO_MAX_NAME + 64,
+		       "a ROUTE fits the buffer");
 	_Static_assert(PROTO_PASS_FIXED + 4 * PAGER_PASS_MAX_LAYERS <= PROTO_MAX_NAME + 64,
 		       "a PASS fits the receive buffer");
 	union {
@@ -390,6 +393,9 @@ static void on_sock(struct client *c)
 			c->produced += msg.u.pass.produced;
 		} else if (msg.type == PROTO_REMAPPED) {
 			pager_on_remapped(c, msg.u.remapped.seq);
+		} else if (msg.type == PROTO_ROUTE) {
+			pager_experts_route(c, msg.u.route.layer, msg.u.route.experts,
+					    msg.u.route.n);
 		} else {
 			pager_drop_client(c, "unexpected message after READY");
 		}
@@ -456,6 +462,7 @@ static void on_accept(struct pager *p)
 		c->pid = cr.pid;
 		c->uid = cr.uid;
 		c->pos = -1;
+		c->route_layer = -1;
 		c->remaps_tail = &c->remaps;
 		ev.data.u64 = EV(EV_SOCK, c);
 		if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
@@ -522,7 +529,7 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 		close(fd);
 		return -EINVAL;
 	}
-	rc = pager_layout_build(img, (size_t)st.st_size, p->page, &m->lay, err, errlen);
+	rc = pager_layout_build(img, (size_t)st.st_size, p->page, true, &m->lay, err, errlen);
 	munmap(img, (size_t)st.st_size);
 	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
 	close(fd);
@@ -558,7 +565,7 @@ static int open_model(struct pager *p, struct model *m, const char *path, char *
 	pager_place(m, getpid()); /* until a client says where it runs */
 	m->us = calloc(m->lay->n_units, sizeof(*m->us));
 	m->waiters = calloc(m->lay->n_units, sizeof(*m->waiters));
-	if (!m->us || !m->waiters || pager_plan_init(m)) {
+	if (!m->us || !m->waiters || pager_plan_init(m) || pager_experts_init(m)) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -590,6 +597,7 @@ static void close_model(struct model *m)
 	free(m->us);
 	free(m->rank);
 	free(m->plan_tps);
+	pager_experts_destroy(m);
 	pager_layout_destroy(m->lay);
 	free(m->path);
 	free(m->real);

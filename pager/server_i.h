@@ -9,6 +9,7 @@
 #ifndef STRATA_SERVER_I_H
 #define STRATA_SERVER_I_H
 
+#include "experts_i.h"
 #include "io_i.h"
 #include "pager.h"
 #include "pager_i.h"
@@ -114,6 +115,19 @@ struct speed {
 	bool last_full; /* the last report had every layer resident */
 };
 
+/* A model's expert cache (experts.c), with expert units. */
+struct model_experts {
+	struct expert_cache cache; /* which to keep */
+	uint32_t *pins;     /* per expert: the clients whose last ROUTE has it */
+	uint64_t held;      /* bytes of experts loading, loaded or being evicted */
+	uint64_t capacity;  /* what the plan leaves them; UINT64_MAX: no limit */
+	uint64_t hits, misses; /* routed experts in memory or not, as routed */
+	uint64_t bytes_read;   /* experts read */
+	uint64_t passes;       /* passes routed (a pass of one token decodes one) */
+	uint64_t fuse_misses;  /* experts the mount's reader read from the file */
+	int fuse_layer;        /* the layer of the last of them */
+};
+
 struct model {
 	struct pager *p;
 	unsigned idx;
@@ -158,6 +172,7 @@ struct model {
 	uint64_t slot_bytes;     /* bytes of touched slots */
 	uint64_t slot_loads;     /* loads into a slot */
 	struct speed speed;      /* what its engines' decode passes took */
+	struct model_experts ex; /* with expert units (layout.c) */
 };
 
 /* What a client maps at a slotted unit's range. */
@@ -204,6 +219,11 @@ struct client {
 	struct remap_wait *remaps, **remaps_tail; /* in order: sent, then unsent */
 	unsigned remaps_sent;
 	uint32_t remap_seq;
+	/* its last ROUTE (experts.c): the expert units it pins */
+	unsigned *route;
+	uint32_t n_route;
+	int route_layer;      /* -1: none yet */
+	bool routes;          /* it sends ROUTE */
 };
 
 /* Where the budget comes from (budget.c). */
@@ -351,6 +371,24 @@ int pager_slots_create(struct model *m);
 void pager_slots_destroy(struct model *m);
 /* Every client maps unit u from the memfd again: its slot is free. */
 void pager_slot_vacated(struct model *m, unsigned u);
+
+void pager_evict(struct model *m, unsigned u);
+
+/* experts.c: the expert cache */
+int pager_experts_init(struct model *m);
+void pager_experts_destroy(struct model *m);
+/* Client c's ROUTE: layer's experts (n u32, unchecked) it will read now. */
+void pager_experts_route(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n);
+/* Client c goes: its pins too. */
+void pager_experts_forget(struct client *c);
+/* Client c faulted on expert unit u. */
+void pager_experts_fault(struct client *c, unsigned u);
+/* The mount's reader read expert unit u into the page cache. */
+void pager_experts_fuse_read(struct model *m, unsigned u);
+/* A fault waits for expert unit u: load it if nobody is. */
+void pager_experts_demand(struct model *m, unsigned u);
+/* Load the experts wanted, evict down to the capacity (pager_policy_advance). */
+void pager_experts_advance(struct model *m);
 
 /* uffd.c: the engines' faults and the slots they map */
 void pager_map_unit(struct client *c, unsigned u);

@@ -111,6 +111,11 @@ static void render_speed(struct sbuf *s, const struct model *m)
 		sb(s, "  speed       no decoding yet: nothing to predict from\n");
 		return;
 	}
+	if (m->lay->n_experts) { /* the predictor's curve is of streamed layers */
+		sb(s, "  speed       %.2f tok/s measured (%.1f ms of compute a token)\n",
+		   pager_measured_tps(m), m->speed.compute_ns / 1e6);
+		return;
+	}
 	sb(s, "  speed       %.2f tok/s measured, %.2f predicted (%.1f ms of compute a token, "
 	      "streaming at %.2f GB/s)\n",
 	   pager_measured_tps(m), pager_predict_tps(m, m->n_resident), m->speed.compute_ns / 1e6,
@@ -120,6 +125,71 @@ static void render_speed(struct sbuf *s, const struct model *m)
 		sb(s, "%s%u resident: %.2f", q ? ", " : "", L * q / 4,
 		   pager_predict_tps(m, L * q / 4));
 	sb(s, " tok/s\n");
+}
+
+/* The expert cache (experts.c): with expert units only.  Resident experts
+ * per layer are one character each in the text (0-9, then a-z for 10-35,
+ * then '+'), numbers in JSON. */
+static void render_experts(struct sbuf *s, const struct model *m, bool json)
+{
+	const struct pager_layout *l = m->lay;
+	const struct model_experts *x = &m->ex;
+	uint64_t routed = x->hits + x->misses, loads = 0, evictions = 0, drops = 0;
+	double rate = routed ? (double)x->hits / (double)routed : 0;
+	double per_pass = x->passes ? (double)x->bytes_read / (double)x->passes : 0;
+
+	char cap[32] = "unlimited";
+
+	if (!l->n_experts)
+		return;
+	if (x->capacity != UINT64_MAX)
+		snprintf(cap, sizeof(cap), "%.1f MiB", x->capacity / 1048576.0);
+	for (unsigned u = l->n_layers + 1; u < l->n_units; u++) {
+		loads += m->us[u].loads;
+		evictions += m->us[u].evictions;
+		drops += m->us[u].drops;
+	}
+	if (json)
+		sb(s, "\"experts\": {\"per_layer\": %u, \"bytes\": %llu, \"capacity_bytes\": %llu, "
+		      "\"held_bytes\": %llu, \"hits\": %llu, \"misses\": %llu, \"hit_rate\": %.4f, "
+		      "\"loads\": %llu, \"evictions\": %llu, \"bytes_read\": %llu, \"passes\": %llu, "
+		      "\"bytes_per_pass\": %.0f, \"fuse_misses\": %llu, \"fuse_drops\": %llu, \"resident\": [",
+		   l->n_experts, (unsigned long long)l->expert_bytes,
+		   (unsigned long long)(x->capacity == UINT64_MAX ? 0 : x->capacity),
+		   (unsigned long long)x->held, (unsigned long long)x->hits,
+		   (unsigned long long)x->misses, rate, (unsigned long long)loads,
+		   (unsigned long long)evictions, (unsigned long long)x->bytes_read,
+		   (unsigned long long)x->passes, per_pass, (unsigned long long)x->fuse_misses,
+		   (unsigned long long)drops);
+	else
+		sb(s, "  experts     %u a layer, %.1f MiB; cache %.1f MiB of %s; hit rate %.3f "
+		      "(%llu of %llu routed); %.2f MiB read a pass (%llu passes); %llu loads, "
+		      "%llu evictions\n  in memory   [",
+		   l->n_experts, l->expert_bytes / 1048576.0, x->held / 1048576.0,
+		   cap, rate, (unsigned long long)x->hits,
+		   (unsigned long long)routed, per_pass / 1048576.0, (unsigned long long)x->passes,
+		   (unsigned long long)loads, (unsigned long long)evictions);
+	for (unsigned layer = 0; layer < l->n_layers; layer++) {
+		unsigned n = 0;
+
+		for (unsigned e = 0; e < l->n_experts; e++) {
+			const struct ustat *us = &m->us[pager_expert_unit(l, layer, e)];
+
+			n += us->state == U_LOADED || (us->pc != PC_NONE && us->pc_job != PC_DROPPING);
+		}
+		if (json)
+			sb(s, "%s%u", layer ? ", " : "", n);
+		else
+			sb(s, "%c", n < 10 ? '0' + n : n < 36 ? 'a' + n - 10 : '+');
+	}
+	if (json)
+		sb(s, "]}, ");
+	else
+		sb(s, "]  (experts per layer: 0-9, a-z = 10-35, + more)\n");
+	if (!json && m->fuse_reader)
+		sb(s, "  mount       %llu experts read from the file by its reader (its hits are the "
+		      "page cache's, unseen), %llu dropped from the page cache\n",
+		   (unsigned long long)x->fuse_misses, (unsigned long long)drops);
 }
 
 /* The budget, the plan and the pressure, as text. */
@@ -264,7 +334,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			   (unsigned long long)m->slot_bytes, (unsigned long long)m->slot_loads,
 			   state_name(m, 0), (unsigned long long)m->lay->units[0].bytes,
 			   (unsigned long long)m->us[0].loads, (unsigned long long)m->us[0].faults);
-			for (unsigned u = 1; u < m->lay->n_units; u++)
+			for (unsigned u = 1; u <= m->lay->n_layers; u++)
 				sb(&s, "%s{\"layer\": %u, \"state\": \"%s\", \"bytes\": %llu, "
 				       "\"loads\": %llu, \"faults\": %llu, \"evictions\": %llu, "
 				       "\"page_cache\": \"%s\", \"stores\": %llu, \"drops\": %llu}",
@@ -275,7 +345,9 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 				   (unsigned long long)m->us[u].evictions, pc_name[m->us[u].pc],
 				   (unsigned long long)m->us[u].stores,
 				   (unsigned long long)m->us[u].drops);
-			sb(&s, "], \"speed\": {\"tokens\": %llu, \"measured_tps\": %.3f, "
+			sb(&s, "], ");
+			render_experts(&s, m, true);
+			sb(&s, "\"speed\": {\"tokens\": %llu, \"measured_tps\": %.3f, "
 			       "\"predicted_tps\": %.3f, \"compute_ms\": %.3f, \"stream_gbps\": %.3f, "
 			       "\"predicted\": [",
 			   (unsigned long long)m->speed.tokens, pager_measured_tps(m),
@@ -329,7 +401,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			sb(&s, " (%u shed under memory pressure)", m->shed);
 		sb(&s, "\n");
 		sb(&s, "  layers      [");
-		for (unsigned u = 1; u < m->lay->n_units; u++)
+		for (unsigned u = 1; u <= m->lay->n_layers; u++)
 			sb(&s, "%c", state_char(m, u));
 		sb(&s, "]  (R resident, L loaded, l loading, e evicting, . absent; other: %c)\n",
 		   state_char(m, 0));
@@ -343,9 +415,10 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		if (m->lay->sparse.len)
 			sb(&s, "  embedding   %.1f MiB, read a block at a time: %.1f MiB in memory\n",
 			   m->lay->sparse.len / 1048576.0, m->sparse_bytes / 1048576.0);
+		render_experts(&s, m, false);
 		render_speed(&s, m);
 		sb(&s, "  per layer   loads/faults:");
-		for (unsigned u = 1; u < m->lay->n_units; u++)
+		for (unsigned u = 1; u <= m->lay->n_layers; u++)
 			sb(&s, " %llu/%llu", (unsigned long long)m->us[u].loads,
 			   (unsigned long long)m->us[u].faults);
 		if (m->fuse_reader)

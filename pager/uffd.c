@@ -155,7 +155,7 @@ void pager_map_unit(struct client *c, unsigned u)
 {
 	const struct model *m = c->m;
 	const struct pager_unit *un = &m->lay->units[u];
-	bool trip = !m->us[u].resident && un->layer >= 0;
+	bool trip = !m->us[u].resident && un->layer >= 0 && un->expert < 0;
 	int rc = 0;
 
 	if (!ready_for(c, u))
@@ -356,7 +356,7 @@ static void resolve(struct client *c, uint64_t off, uint64_t since)
 	if (u > 0) {
 		const struct pager_unit *un = &m->lay->units[u];
 
-		c->pos = u;
+		c->pos = un->layer + 1; /* an expert's: its layer's */
 		for (unsigned t = 0; t < un->n_trip; t++) {
 			rc = uffd_continue(c, un->trip[t], page);
 			if (rc) {
@@ -467,8 +467,16 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 		pager_drop_client(c, "it faulted on a page no unit covers");
 		return;
 	}
+	/* A page two experts share is given to the later one; the one the
+	 * engine routed to, or is being read, is the likelier. */
+	if (pager_is_expert(m->lay, (unsigned)u) && m->lay->units[u].expert > 0 &&
+	    m->us[u].state == U_ABSENT && pager_unit_has_page(&m->lay->units[u - 1], off) &&
+	    m->us[u - 1].state != U_ABSENT)
+		u--;
 	c->faults++;
 	m->us[u].faults++;
+	if (pager_is_expert(m->lay, (unsigned)u))
+		pager_experts_fault(c, (unsigned)u);
 	if (ready_for(c, u)) {
 		resolve(c, off, pager_now_ns());
 		pager_policy_advance(m);
@@ -484,10 +492,12 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 	w->since_ns = pager_now_ns();
 	w->next = m->waiters[u];
 	m->waiters[u] = w;
-	if (u > 0 && (unsigned)u != (unsigned)c->pos)
-		c->pos = u; /* it is here, waiting */
+	if (u > 0)
+		c->pos = m->lay->units[u].layer + 1; /* it is here, waiting */
 	if (m->us[u].state == U_EVICTING) {
 		m->us[u].want_load = true;
+	} else if (pager_is_expert(m->lay, (unsigned)u)) {
+		pager_experts_demand(m, (unsigned)u); /* not routed, or not yet */
 	} else if (m->us[u].state == U_ABSENT) {
 		/* A demand miss: the window did not cover it.  Make room. */
 		pager_policy_advance(m);

@@ -31,11 +31,10 @@ medians (decode tok/s, strata / llama.cpp), per-run values, the cgroup's
 peak usage and failcnt, and the storage bandwidth the daemon measured for
 the device.  Needs root (cgroup, drop_caches).
 """
-import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, signal, statistics, subprocess, sys, tempfile
 
-from benchlib import STRATA, STRATAD, drop_caches, size, start_daemon, status
+from benchlib import Cgroup, bench_paged, drop_caches, size, start_daemon, status
 
-CG = "/sys/fs/cgroup/memory"
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", action="append", required=True)
@@ -58,50 +57,15 @@ budget = size(a.budget) if a.budget else limit - (96 << 20)
 sock = f"/tmp/strata-bench-cg-{os.getpid()}.sock"
 
 
-class Cgroup:
-    def __init__(self):
-        self.path = os.path.join(CG, f"strata-bench-{os.getpid()}")
-        os.mkdir(self.path)
-        self.write("memory.limit_in_bytes", limit)
-
-    def write(self, name, v):
-        with open(os.path.join(self.path, name), "w") as f:
-            f.write(str(v))
-
-    def read(self, name):
-        return int(open(os.path.join(self.path, name)).read())
-
-    def enter(self):
-        self.write("cgroup.procs", os.getpid())
-
-    def remove(self):
-        os.rmdir(self.path)
-
-
 def run_strata(model, cg):
     win = ["--window", str(a.window)] if a.window else []
-    d = subprocess.Popen([STRATAD, "--socket", sock, "--budget", str(budget), *win, model],
-                         stderr=subprocess.PIPE, text=True, preexec_fn=cg.enter)
-    end = time.monotonic() + 180
-    while time.monotonic() < end:
-        st = status(sock)
-        if st:
-            m = st["models"][0]
-            if sum(l["state"] == "resident" for l in m["layers"]) == m["resident_layers_planned"]:
-                break
-        if d.poll() is not None:
-            sys.exit("stratad exited: " + d.stderr.read())
-        time.sleep(0.05)  # polling a condition with a deadline
-    before = status(sock)
-    r = subprocess.run([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
-                        str(a.tokens), "-c", "64", "-b", "32", "-t", str(a.threads), "--no-hw",
-                        "--json"], capture_output=True, text=True, preexec_fn=cg.enter)
-    after = status(sock)
-    d.send_signal(signal.SIGTERM)
-    d.wait(30)
-    if r.returncode:
-        sys.exit("strata bench failed: " + r.stderr)
-    j = json.loads(r.stdout)
+
+    def loaded(st):
+        m = st["models"][0]
+        return sum(l["state"] == "resident" for l in m["layers"]) == m["resident_layers_planned"]
+
+    j, before, after = bench_paged(model, ["--budget", str(budget), *win], loaded, a.tokens,
+                                   a.threads, cg.enter)
     io0, io1 = before["io"], after["io"]
     busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
     m = after["models"][0]
@@ -160,7 +124,7 @@ for rep in range(a.reps):
     for m in a.model:
         for who, fn in engines:
             drop_caches()
-            cg = Cgroup()
+            cg = Cgroup(limit, "strata-bench")
             try:
                 r = fn(m, cg)
                 r["peak"] = cg.read("memory.max_usage_in_bytes")

@@ -1,8 +1,10 @@
 """What the benchmark scripts share: where the programs are, dropping the
-page cache, a daemon's status, starting a daemon and waiting for it, and
-sizes written as 2G or 512M."""
+page cache, a daemon's status, starting a daemon and waiting for it, a
+decode benchmark through a daemon, sizes written as 2G or 512M, and a
+memory cgroup (v1) to run in."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -49,3 +51,61 @@ def size(s):
     """"2G", "512M", "64K" or bytes -> bytes."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s)
+
+
+def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None):
+    """stratad DAEMON_ARGS MODEL on a socket of its own and, once loaded(status)
+    holds, `strata bench --pager -p 0 -n TOKENS` (one warm-up token first),
+    both with preexec_fn (e.g. entering a cgroup).  Returns strata bench's
+    JSON and the daemon's status before and after it."""
+    sock = f"/tmp/strata-bench-{os.getpid()}.sock"
+    d = subprocess.Popen([STRATAD, "--socket", sock, *daemon_args, model],
+                         stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+    end = time.monotonic() + 180
+    while time.monotonic() < end:
+        st = status(sock)
+        if st and loaded(st):
+            break
+        if d.poll() is not None:
+            sys.exit("stratad exited: " + d.stderr.read())
+        time.sleep(0.05)  # polling a condition with a deadline
+    before = status(sock)
+    r = subprocess.run([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
+                        str(tokens), "-c", "64", "-b", "32", "-t", str(threads), "--no-hw",
+                        "--json"], capture_output=True, text=True, preexec_fn=preexec_fn)
+    after = status(sock)
+    d.send_signal(signal.SIGTERM)
+    d.wait(30)
+    if r.returncode:
+        sys.exit("strata bench failed: " + r.stderr)
+    return json.loads(r.stdout), before, after
+
+
+class Cgroup:
+    """A memory cgroup (v1) of `limit` bytes that the caller's children
+    enter (preexec_fn=cg.enter); remove() once they exited."""
+
+    def __init__(self, limit, name):
+        self.path = os.path.join("/sys/fs/cgroup/memory", f"{name}-{os.getpid()}")
+        os.mkdir(self.path)
+        self.write("memory.limit_in_bytes", limit)
+
+    def write(self, name, v):
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(str(v))
+
+    def read(self, name):
+        return int(open(os.path.join(self.path, name)).read())
+
+    def oom_kills(self):
+        """Processes the kernel's OOM killer killed in it."""
+        for line in open(os.path.join(self.path, "memory.oom_control")):
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+    def enter(self):
+        self.write("cgroup.procs", os.getpid())
+
+    def remove(self):
+        os.rmdir(self.path)

@@ -6,7 +6,8 @@
  * function server.c's on_sock() calls on every message it receives, copied
  * first into a buffer of exactly its size so an over-read is seen; then the
  * fields the daemon goes on to use are used the same way: a HELLO's name
- * copied as find_model() does, a PASS's per-layer times read.  Any message
+ * copied as find_model() does, a PASS's per-layer times read, a ROUTE's
+ * experts read.  Any message
  * the decoder accepts must be one the daemon can act on with no further
  * length checks: its length matches its type and the counts inside it.
  */
@@ -39,6 +40,13 @@ static void consume(const struct proto_msg *m)
 			abort();
 		for (uint32_t l = 0; l < m->u.pass.n_layers; l++)
 			sink += proto_get_u32(m->u.pass.layer_us + 4 * l);
+		break;
+	case PROTO_ROUTE:
+		if (!m->u.route.n || m->u.route.n > PROTO_ROUTE_MAX ||
+		    PROTO_ROUTE_FIXED + 4 * (uint64_t)m->u.route.n != m->len)
+			abort();
+		for (uint32_t i = 0; i < m->u.route.n; i++)
+			sink += proto_get_u32(m->u.route.experts + 4 * i);
 		break;
 	case PROTO_REGISTER:
 		sink += m->u.reg.base ^ m->u.reg.length;

@@ -63,7 +63,7 @@ def data_offset(buf):
 
 
 def hdr(t, n):
-    return struct.pack('<IHHII', 0x41525453, 5, t, n, 0)
+    return struct.pack('<IHHII', 0x41525453, 6, t, n, 0)
 
 
 def msg(t, payload=b''):
@@ -127,12 +127,14 @@ def main():
         'remapped': msg(11, struct.pack('<I', 7)),
         'pass': msg(12, struct.pack('<IIQIIII', 3, 4, 123456, 10, 3, 3, 0) +
                     struct.pack('<4I', 1, 2, 3, 4)),
+        'route': msg(13, struct.pack('<II', 5, 3) + struct.pack('<3I', 2, 17, 90)),
     }
     for k, v in server.items():
         write(out, 'fuzz_proto_server', k, framed(v))
     # a whole session, as the daemon receives it
     write(out, 'fuzz_proto_server', 'session',
-          b''.join(framed(server[k]) for k in ('hello', 'register', 'declare', 'pass', 'remapped')))
+          b''.join(framed(server[k]) for k in ('hello', 'register', 'declare', 'route', 'pass',
+                                              'remapped')))
     client = {
         'model': msg(2, struct.pack('<QQIIQQQQ', 1185376, 1187840, 7, 4096, 0, 8 << 20,
                                     1 << 30, 2 << 30)),

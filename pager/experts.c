@@ -1,0 +1,274 @@
+/*
+ * experts.c - the expert cache: a mixture of experts held an expert at a time.
+ *
+ * In a model with expert units (layout.c), the layers' cores (attention,
+ * norms, routers) stay resident with unit 0; what the plan leaves beyond
+ * them is the expert cache (model->ex.capacity).  Experts are read into the
+ * model's memfd like any unit and leave by punch hole, which unmaps them
+ * from every engine at once.
+ *
+ * An engine sends ROUTE before a layer reads its experts: the experts its
+ * router picked for the pass.  Those it lacks are loaded at once, all of
+ * them (io.c keeps them in flight together at the device's best depth), and
+ * are pinned until the engine routes its next layer; its faults on them
+ * wait until each is read (uffd.c), so the first experts' compute overlaps
+ * the later ones' reads.  Room is made by evicting the experts with the
+ * lowest decayed use count (the first part of this file, plain arithmetic
+ * that tests/test_experts.c checks): experts that are pinned, or that a
+ * fault waits for, never go.  An engine that sends no ROUTE still works: its
+ * faults load what it touches, one expert at a time.
+ *
+ * Evictions punch on the daemon's thread rather than on the ring: an expert
+ * is a few MiB, and the load that waits for the room should not wait behind
+ * the reads queued there.
+ *
+ * Threading: the daemon's one thread; see server_i.h.
+ */
+#include "experts_i.h"
+#include "server_i.h"
+#include "proto_i.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the choice ------------------------------------------------------- */
+
+int expert_cache_init(struct expert_cache *c, unsigned n, double half_life)
+{
+	*c = (struct expert_cache){ .n = n, .decay = pow(0.5, 1.0 / half_life) };
+	c->score = calloc(n ? n : 1, sizeof(*c->score));
+	c->last = calloc(n ? n : 1, sizeof(*c->last));
+	if (!c->score || !c->last) {
+		expert_cache_free(c);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void expert_cache_free(struct expert_cache *c)
+{
+	free(c->score);
+	free(c->last);
+	c->score = NULL;
+	c->last = NULL;
+}
+
+void expert_cache_use(struct expert_cache *c, unsigned i)
+{
+	if (i >= c->n)
+		return;
+	c->score[i] += 1.0;
+	c->last[i] = c->pass;
+}
+
+void expert_cache_pass(struct expert_cache *c)
+{
+	for (unsigned i = 0; i < c->n; i++)
+		c->score[i] *= c->decay;
+	c->pass++;
+}
+
+long expert_cache_victim(const struct expert_cache *c, bool (*may_go)(void *arg, unsigned i),
+			 void *arg)
+{
+	long best = -1;
+
+	for (unsigned i = 0; i < c->n; i++) {
+		if (!may_go(arg, i))
+			continue;
+		if (best < 0 || c->score[i] < c->score[best] ||
+		    (c->score[i] == c->score[best] && c->last[i] < c->last[best]))
+			best = i;
+	}
+	return best;
+}
+
+/* ---- the cache in the daemon ------------------------------------------ */
+
+/* Decayed counts fade by half in this many passes. */
+#define HALF_LIFE 64.0
+
+int pager_experts_init(struct model *m)
+{
+	const struct pager_layout *l = m->lay;
+	unsigned n = l->n_layers * l->n_experts;
+
+	m->ex.capacity = UINT64_MAX;
+	m->ex.fuse_layer = -1;
+	if (!n)
+		return 0;
+	m->ex.pins = calloc(n, sizeof(*m->ex.pins));
+	if (!m->ex.pins)
+		return -ENOMEM;
+	return expert_cache_init(&m->ex.cache, n, HALF_LIFE);
+}
+
+void pager_experts_destroy(struct model *m)
+{
+	free(m->ex.pins);
+	expert_cache_free(&m->ex.cache);
+}
+
+/* Expert index (over all layers) of unit u, an expert unit. */
+static unsigned index_of(const struct model *m, unsigned u)
+{
+	return u - m->lay->n_layers - 1;
+}
+
+/* Client c's experts (its last ROUTE) are no longer pinned by it. */
+static void unpin(struct client *c)
+{
+	struct model *m = c->m;
+
+	for (uint32_t i = 0; i < c->n_route; i++)
+		m->ex.pins[index_of(m, c->route[i])]--;
+	c->n_route = 0;
+}
+
+void pager_experts_route(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n)
+{
+	struct model *m = c->m;
+	const struct pager_layout *l = m->lay;
+	uint32_t E = l->n_experts;
+
+	if (layer >= l->n_layers) {
+		pager_drop_client(c, "it routed a layer the model does not have");
+		return;
+	}
+	if (!E)
+		return; /* served by whole layers (--fuse): the faults say it all */
+	if (!c->route && !(c->route = malloc(E * sizeof(*c->route)))) {
+		pager_drop_client(c, "out of memory");
+		return;
+	}
+	/* the layers of a pass come in order: a layer not after the last is a
+	 * new pass */
+	if (c->route_layer < 0 || layer <= (uint32_t)c->route_layer) {
+		expert_cache_pass(&m->ex.cache);
+		m->ex.passes++;
+	}
+	unpin(c);
+	c->route_layer = (int)layer;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t e = proto_get_u32(experts + 4 * i);
+		unsigned u;
+
+		if (e >= E) {
+			pager_drop_client(c, "it routed to an expert the model does not have");
+			return;
+		}
+		u = pager_expert_unit(l, layer, e);
+		for (uint32_t k = 0; k < c->n_route; k++)
+			if (c->route[k] == u) {
+				pager_drop_client(c, "it routed to an expert twice");
+				return;
+			}
+		c->route[c->n_route++] = u;
+		m->ex.pins[index_of(m, u)]++;
+		expert_cache_use(&m->ex.cache, index_of(m, u));
+		if (m->us[u].state == U_LOADED)
+			m->ex.hits++;
+		else
+			m->ex.misses++;
+	}
+	c->pos = (int)layer + 1;
+	c->routes = true;
+	pager_policy_advance(m);
+}
+
+void pager_experts_forget(struct client *c)
+{
+	if (c->m && c->route)
+		unpin(c);
+	free(c->route);
+	c->route = NULL;
+}
+
+/* A fault on expert unit u, from an engine that does not route: the fault
+ * is its use. */
+void pager_experts_fault(struct client *c, unsigned u)
+{
+	struct model *m = c->m;
+
+	if (c->routes)
+		return;
+	expert_cache_use(&m->ex.cache, index_of(m, u));
+	if (m->us[u].state == U_LOADED)
+		m->ex.hits++;
+	else
+		m->ex.misses++;
+}
+
+/* The mount's reader read from expert unit u, not in its page cache
+ * (fuse.c): a miss, and a use.  Its layers come in order: a layer before
+ * the last one read is a new pass. */
+void pager_experts_fuse_read(struct model *m, unsigned u)
+{
+	int layer = m->lay->units[u].layer;
+
+	if (layer < m->ex.fuse_layer) {
+		expert_cache_pass(&m->ex.cache);
+		m->ex.passes++;
+	}
+	m->ex.fuse_layer = layer;
+	m->ex.fuse_misses++;
+	expert_cache_use(&m->ex.cache, index_of(m, u));
+}
+
+/* May expert i (an index over all layers) leave now? */
+static bool may_go(void *arg, unsigned i)
+{
+	struct model *m = arg;
+	unsigned u = m->lay->n_layers + 1 + i;
+
+	return m->us[u].state == U_LOADED && !m->ex.pins[i] && !m->waiters[u];
+}
+
+/* Evict the least valued experts until `need` more bytes fit the capacity;
+ * false if they do not (everything left is wanted). */
+static bool make_room(struct model *m, uint64_t need)
+{
+	while (m->ex.held + need > m->ex.capacity) {
+		long v = expert_cache_victim(&m->ex.cache, may_go, m);
+
+		if (v < 0)
+			return false;
+		pager_evict(m, m->lay->n_layers + 1 + (unsigned)v);
+	}
+	return true;
+}
+
+/* Load expert unit u (not in memory), making room for it first.  Loaded
+ * even if no room is left: an engine waits for it, and the minimum
+ * (plan.c) holds a whole layer's experts, so only engines in different
+ * layers at once can take the cache past its capacity, by what they route. */
+static int load(struct model *m, unsigned u)
+{
+	make_room(m, m->lay->units[u].bytes);
+	return pager_load(m, u);
+}
+
+/* A fault waits for expert unit u (uffd.c): load it if nobody is. */
+void pager_experts_demand(struct model *m, unsigned u)
+{
+	if (m->us[u].state == U_ABSENT && load(m, u))
+		pager_drop_client(m->waiters[u]->c, "the model file could not be read");
+}
+
+/* Load the experts the clients routed to that are not in memory; then, if
+ * the plan shrank, evict down to the capacity. */
+void pager_experts_advance(struct model *m)
+{
+	if (!m->lay->n_experts)
+		return;
+	for (struct client *c = m->p->clients; c; c = c->next) {
+		if (c->m != m || c->dead)
+			continue;
+		for (uint32_t i = 0; i < c->n_route; i++)
+			if (m->us[c->route[i]].state == U_ABSENT && load(m, c->route[i]))
+				return;
+	}
+	make_room(m, 0);
+}

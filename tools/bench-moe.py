@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""A mixture of experts through stratad's expert cache against llama.cpp on a
+plain mmap, inside one memory cgroup (issue 22).
+
+  tools/bench-moe.py --model M.gguf [--model M2.gguf ...]
+                     --llama NAME=PATH[:LIBDIR] [--llama NAME2=PATH2 ...]
+                     [--compute-model C.gguf] [--limit 8G] [--reps 3]
+                     [--tokens 16] [--threads 2]
+
+The device is emulated by a memory cgroup (v1) of --limit bytes.  Per
+repetition, interleaved (each model: strata, then each llama-bench):
+
+  strata    stratad started inside the cgroup with no --budget (its budget
+            is the cgroup's limit less its reserve, docs/design.md), and
+            once unit 0 and the layers' cores are in memory,
+            `strata bench --pager -p 0 -n TOKENS` inside it too (one
+            warm-up token first, as llama-bench does).  The daemon's status
+            before and after gives the expert cache's hit rate, the experts'
+            bytes read per pass, the read bandwidth achieved while reads
+            were in flight, the engine's compute a token (its wall time
+            less the fault waits) and the bound
+            1 / max(compute, missed expert bytes a token / probed bandwidth).
+  llama     `PATH -m M -p 0 -n TOKENS -t THREADS -r 1` (llama-bench) inside
+            the cgroup, reading the file through the page cache; with
+            LIBDIR, its ggml libraries from there first (LD_LIBRARY_PATH:
+            e.g. a libggml-cpu.so built with GGML_CPU_REPACK=OFF, whose
+            weights stay in the mapped file instead of being converted
+            into the process's own memory at load).
+
+The compute a token in the bound is, with --compute-model C.gguf (the same
+shape with fewer experts, e.g. strata-mkmodel --shape qwen3moe-30b-a3b
+--experts 16: a token's work is the same, and the file fits in memory),
+C's decode time with every weight in memory (plain mmap, outside the
+cgroup, the page cache warmed by a first run; the best of two), measured
+before the repetitions.  Without it, the daemon's measure (wall time less
+fault waits), which counts a wait once per engine thread that faulted and
+so comes out low.
+
+The page cache is dropped before every run.  Prints a markdown table of
+medians (decode tok/s), per-run values, peak cgroup usage, failcnt and OOM
+kills.  Needs root (cgroup, drop_caches).
+"""
+import argparse, json, os, statistics, subprocess, sys
+
+from benchlib import STRATA, Cgroup, bench_paged, drop_caches, size
+
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", action="append", required=True)
+ap.add_argument("--llama", action="append", default=[], help="NAME=PATH[:LIBDIR]")
+ap.add_argument("--limit", default="8G")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--tokens", type=int, default=16)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--compute-model", default="")
+a = ap.parse_args()
+
+limit = size(a.limit)
+
+
+def resident_compute(model):
+    """Seconds a token with every weight of model in memory."""
+    tps = []
+    for _ in range(3):  # the first warms the page cache
+        r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens), "-c",
+                            "64", "-b", "32", "-t", str(a.threads), "--no-hw", "--json"],
+                           capture_output=True, text=True, check=True)
+        tps.append(json.loads(r.stdout)["decode_tps"])
+    return 1 / max(tps[1:])
+
+
+compute_s = resident_compute(a.compute_model) if a.compute_model else 0
+if compute_s:
+    print(f"compute: {compute_s * 1e3:.0f} ms a token, {a.compute_model} resident",
+          file=sys.stderr)
+
+
+def run_strata(model, cg):
+    def loaded(st):  # unit 0 and the cores
+        m = st["models"][0]
+        return m["other"]["state"] == "resident" and \
+            all(l["state"] == "resident" for l in m["layers"])
+
+    j, before, after = bench_paged(model, [], loaded, a.tokens, a.threads, cg.enter)
+    x0, x1 = before["models"][0]["experts"], after["models"][0]["experts"]
+    routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
+    passes = x1["passes"] - x0["passes"]
+    per_tok = (x1["bytes_read"] - x0["bytes_read"]) / passes
+    probed = after["io"]["probed_gbps"] * 1e9
+    compute = compute_s or after["models"][0]["speed"]["compute_ms"] / 1e3
+    io0, io1 = before["io"], after["io"]
+    busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
+    return {"tps": j["decode_tps"], "hit": (x1["hits"] - x0["hits"]) / routed,
+            "gbps": (io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy > 0 else 0,
+            "mib_tok": per_tok / 2**20, "compute": compute, "probed": probed / 1e9,
+            "bound": 1 / max(compute, per_tok / probed), "cap": x1["capacity_bytes"] >> 20,
+            "held": x1["held_bytes"] >> 20, "budget": after["budget_bytes"] >> 20,
+            "io": f"{after['io']['chunk_bytes'] >> 10} KiB x {after['io']['depth']}"}
+
+
+def run_llama(spec):
+    path, _, lib = spec.partition(":")
+    env = dict(os.environ, LD_LIBRARY_PATH=lib) if lib else None
+
+    def run(model, cg):
+        r = subprocess.run([path, "-m", model, "-p", "0", "-n", str(a.tokens), "-r", "1",
+                            "-t", str(a.threads), "-o", "json"], capture_output=True, text=True,
+                           preexec_fn=cg.enter, env=env)
+        if r.returncode:
+            return {"tps": 0.0, "failed": r.stderr[-300:]}
+        return {"tps": json.loads(r.stdout)[0]["avg_ts"]}
+    return run
+
+
+engines = [("strata", run_strata)] + [("llama.cpp " + l.partition("=")[0],
+                                       run_llama(l.partition("=")[2])) for l in a.llama]
+res = {m: {who: [] for who, _ in engines} for m in a.model}
+for rep in range(a.reps):
+    for m in a.model:
+        for who, fn in engines:
+            drop_caches()
+            cg = Cgroup(limit, "strata-bench-moe")
+            try:
+                r = fn(m, cg)
+                r["peak"] = cg.read("memory.max_usage_in_bytes")
+                r["failcnt"] = cg.read("memory.failcnt")
+                r["oom"] = cg.oom_kills()
+            finally:
+                cg.remove()
+            res[m][who].append(r)
+            print(f"rep {rep + 1} {os.path.basename(m)} {who}: {r['tps']:.3f} tok/s" +
+                  (f", hit rate {r['hit']:.3f}, {r['mib_tok']:.1f} MiB/token, compute "
+                   f"{r['compute'] * 1e3:.0f} ms, reads {r['gbps']:.2f} GB/s, "
+                   f"bound {r['bound']:.2f}"
+                   if who == "strata" else "") +
+                  f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
+                  (f" FAILED {r['failed']}" if "failed" in r else ""), file=sys.stderr)
+
+
+def med(rows, k):
+    return statistics.median(x[k] for x in rows)
+
+
+def runs(rows):
+    return ", ".join(f"{x['tps']:.2f}" for x in rows)
+
+
+print(f"Memory cgroup limit {limit >> 20} MiB (v1); stratad without --budget inside it; "
+      f"{a.tokens} decoded tokens per run after one warm-up token, {a.threads} threads; "
+      f"{a.reps} interleaved repetitions, medians.\n")
+llamas = [who for who, _ in engines[1:]]
+print("| model | strata tok/s (runs) | " + " | ".join(f"{w} tok/s (runs)" for w in llamas) +
+      " | strata / llama.cpp | expert hit rate | expert MiB read / token | compute ms / token "
+      "| reads GB/s | bound tok/s | strata / bound | peak MiB strata / llama.cpp | OOM kills |")
+print("|---|---|" + "---|" * len(llamas) + "---|---|---|---|---|---|---|---|---|")
+for m in a.model:
+    s = res[m]["strata"]
+    ms = med(s, "tps")
+    ml = [med(res[m][w], "tps") for w in llamas]
+    best = max(ml) if ml else 0
+    print(f"| {os.path.basename(m)} | {ms:.2f} ({runs(s)}) | " +
+          " | ".join(f"{v:.2f} ({runs(res[m][w])})" for v, w in zip(ml, llamas)) +
+          f" | {ms / best if best else 0:.2f} | {med(s, 'hit'):.3f} | {med(s, 'mib_tok'):.0f} | "
+          f"{med(s, 'compute') * 1e3:.0f} | {med(s, 'gbps'):.2f} | {med(s, 'bound'):.2f} | "
+          f"{ms / med(s, 'bound'):.2f} | {max(x['peak'] for x in s) >> 20} / " +
+          "/".join(str(max(x['peak'] for x in res[m][w]) >> 20) for w in llamas) + " | " +
+          str(sum(x["oom"] for w in res[m] for x in res[m][w])) + " |")
+s0 = res[a.model[0]]["strata"][0]
+print(f"\nstratad: budget {s0['budget']} MiB, expert cache {s0['cap']} MiB; reads "
+      f"{s0['io']}, probed {s0['probed']:.2f} GB/s.  failcnt, max per engine: " +
+      "; ".join(f"{os.path.basename(m)} " +
+                ", ".join(f"{w} {max(x['failcnt'] for x in res[m][w])}" for w in res[m])
+                for m in a.model))
