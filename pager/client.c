@@ -102,6 +102,11 @@ static int recv_msg(int fd, uint16_t want, uint8_t *buf, uint32_t cap, uint32_t 
 	do
 		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
+	/* A daemon that refuses a peer sends ERROR and closes; if our HELLO
+	 * was still unread there, the close resets the connection, and the
+	 * reset is reported before the message still queued here: read that. */
+	if (n < 0 && errno == ECONNRESET)
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	for (struct cmsghdr *ch = CMSG_FIRSTHDR(&mh); n >= 0 && ch; ch = CMSG_NXTHDR(&mh, ch))
 		if (ch->cmsg_level == SOL_SOCKET && ch->cmsg_type == SCM_RIGHTS) {
 			size_t k = (ch->cmsg_len - CMSG_LEN(0)) / sizeof(int);
