@@ -793,6 +793,16 @@ static int plan_header(struct plan *p)
 		kv_u32(b, &n_kv, K("ssm.time_step_rank"), s->ssm_heads);
 		kv_u32(b, &n_kv, K("ssm.inner_size"), s->ssm_heads * s->ssm_state);
 		kv_u32(b, &n_kv, K("full_attention_interval"), s->full_attn);
+		/* The reference requires its multi-section RoPE's split of the
+		 * rotated pairs (Qwen3.5's is 11/11/10 of 32).  For text every
+		 * section turns at the token's position, so only the sum counts. */
+		uint32_t half = (s->n_rot ? s->n_rot : p->head_dim) / 2, sec = (half * 11 + 16) / 32;
+
+		kv_arr(b, &n_kv, K("rope.dimension_sections"), GGUF_VT_I32, 4);
+		put_u32(b, sec);
+		put_u32(b, sec);
+		put_u32(b, half - 2 * sec);
+		put_u32(b, 0);
 	}
 	if (s->n_expert) {
 		kv_u32(b, &n_kv, K("expert_count"), s->n_expert);
