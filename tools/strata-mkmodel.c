@@ -607,14 +607,19 @@ static int add_tensor3(struct plan *p, const char *role, int32_t layer, uint64_t
 		       uint64_t ne1, uint64_t ne2, bool f32, float fill, bool router)
 {
 	struct tensor *t = &p->t[p->n_t++];
-	const char *suffix = strchr(role, '.') || !strcmp(role, "ssm_a") ? "" : ".weight";
+	bool whole = strchr(role, '.') || !strcmp(role, "ssm_a");
 	bool is_1d = ne1 == 0;
 	struct typeinfo ti;
+	int n;
 
+	/* (two steps, not one "%s%s" with a chosen suffix: gcc's sanitized -O3
+	 * build took the suffix for a null argument) */
 	if (layer >= 0)
-		snprintf(t->name, sizeof(t->name), "blk.%d.%s%s", (int)layer, role, suffix);
+		n = snprintf(t->name, sizeof(t->name), "blk.%d.%s", (int)layer, role);
 	else
-		snprintf(t->name, sizeof(t->name), "%s%s", role, suffix);
+		n = snprintf(t->name, sizeof(t->name), "%s", role);
+	if (!whole && n >= 0 && (size_t)n < sizeof(t->name))
+		snprintf(t->name + n, sizeof(t->name) - (size_t)n, ".weight");
 	t->layer = layer;
 	t->out_proj = layer >= 0 && (!strcmp(role, "attn_output") || !strcmp(role, "ffn_down") ||
 				     !strcmp(role, "ssm_out"));
