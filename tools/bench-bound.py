@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Decode against the memory-bandwidth bound, per model shape, beside llama.cpp.
+
+  tools/bench-bound.py --shape qwen3-8b [--shape ...] [--type q4_k_m]
+                       [--dir /work/bench] [--keep] [--rounds 3] [--tokens 16]
+                       [--llama NAME=path/to/llama-bench ...]
+
+For each shape, the model is made with strata-mkmodel into DIR unless it is
+there (and removed after its rounds unless --keep or it was there: 8B files
+are 5 GB each).  Each round reads the file into the page cache, then runs
+
+  strata       `strata bench -m M -p 0 -n TOKENS --json`: decode tok/s, the
+               bound (the machine's memory read rate over the weight bytes a
+               token reads, measured in the same run), their ratio, and the
+               paired ratio (each token against a memory pass just before it);
+  llama NAME   `llama-bench -m M -p 0 -n TOKENS -r 1` of each build given: its
+               decode tok/s, set against the bound strata measured in the same
+               round (llama.cpp reads the same weight bytes a token).
+
+Prints a markdown table of medians, runs in brackets.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from benchlib import STRATA
+
+MKMODEL = os.path.join(os.path.dirname(STRATA), "tools", "strata-mkmodel")
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("--shape", action="append", required=True)
+ap.add_argument("--type", default="q4_k_m")
+ap.add_argument("--dir", default="/work/bench")
+ap.add_argument("--keep", action="store_true")
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--tokens", type=int, default=16)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--llama", action="append", default=[], help="NAME=path/to/llama-bench")
+a = ap.parse_args()
+llamas = dict(x.split("=", 1) for x in a.llama)
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"{os.path.basename(cmd[0])} failed: {r.stderr[-2000:]}")
+    return r.stdout
+
+
+def warm(path):
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
+
+
+def fmt(v, d=2):
+    if not v:
+        return "-"
+    return f"{statistics.median(v):.{d}f} ({', '.join(f'{x:.{d}f}' for x in v)})"
+
+
+print(f"| shape | {a.type} GiB | strata tok/s | bound tok/s | fraction | paired | "
+      + " | ".join(f"llama.cpp {n} tok/s | its fraction" for n in llamas) + " |")
+print("|---|---|---|---|---|---|" + "---|---|" * len(llamas), flush=True)
+for shape in a.shape:
+    path = os.path.join(a.dir, f"{shape}-{a.type}.gguf")
+    made = not os.path.exists(path)
+    if made:
+        run([MKMODEL, "--shape", shape, "--type", a.type, "-o", path])
+    res = {"tps": [], "bound": [], "frac": [], "paired": []}
+    lres = {n: ([], []) for n in llamas}
+    try:
+        for _ in range(a.rounds):
+            warm(path)
+            js = json.loads(run([STRATA, "bench", "-m", path, "-p", "0", "-n", str(a.tokens),
+                                 "-t", str(a.threads), "--json"]))
+            res["tps"].append(js["decode_tps"])
+            res["bound"].append(js["decode_bound_tps"])
+            res["frac"].append(js["decode_fraction"])
+            res["paired"].append(js["paired_fraction"])
+            for name, bench in llamas.items():
+                r = subprocess.run([bench, "-m", path, "-p", "0", "-n", str(a.tokens), "-r", "1",
+                                    "-t", str(a.threads), "-o", "json"], capture_output=True,
+                                   text=True)
+                if r.returncode:  # a shape it does not load: say so, go on
+                    print(f"llama.cpp {name} on {shape}: {r.stderr.strip()[-300:]}",
+                          file=sys.stderr)
+                    continue
+                tps = json.loads(r.stdout)[0]["avg_ts"]
+                lres[name][0].append(tps)
+                lres[name][1].append(tps / js["decode_bound_tps"])
+    finally:
+        if made and not a.keep:
+            os.unlink(path)
+    size = js["model_bytes"] / (1 << 30)
+    print(f"| {shape} | {size:.2f} | {fmt(res['tps'])} | {fmt(res['bound'])} | "
+          f"{fmt(res['frac'], 3)} | {fmt(res['paired'], 3)} | "
+          + " | ".join(f"{fmt(t)} | {fmt(f, 3)}" for t, f in lres.values()) + " |", flush=True)
