@@ -283,15 +283,16 @@ int main(int argc, char **argv)
 	n_all = gguf_n_tensors(g);
 	n_rep = eng_n_repackable(g);
 	if (layers) {
-		if ((rc = open_out(out_path, tmp, sizeof(tmp), &out)))
-			return rc;
-		if ((rc = write_layers(img, g, (uint32_t)layers, out, in_path, &n_done,
-				       &bytes_done)))
+		rc = open_out(out_path, tmp, sizeof(tmp), &out);
+		if (!rc)
+			rc = write_layers(img, g, (uint32_t)layers, out, in_path, &n_done,
+					  &bytes_done);
+		gguf_destroy(g);
+		if (rc)
 			return rc;
 		if (fsync(out) || close(out) || rename(tmp, out_path))
 			return fail("%s: %s", out_path, strerror(errno));
 		out_tmp = NULL;
-		gguf_destroy(g);
 		printf("%s: %ld layers, %llu of %llu tensors (%.1f MiB) of %s\n", out_path, layers,
 		       (unsigned long long)n_done, (unsigned long long)n_all,
 		       (double)bytes_done / (1 << 20), in_path);
