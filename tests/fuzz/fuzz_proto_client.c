@@ -12,6 +12,7 @@
  * accepts must lie inside the mapping (and the slots), page aligned: the
  * harness checks that itself, independently, with 128-bit arithmetic.
  */
+#include "datagrams.h"
 #include "proto_i.h"
 
 #include <stdint.h>
@@ -39,26 +40,18 @@ static void check_range(const struct proto_range *r, uint64_t map, uint64_t slot
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint64_t map, slots, page;
-	size_t i = 24;
+	size_t i = 24, n;
+	uint8_t *dg;
 
 	if (size < 24)
 		return 0;
 	map = proto_get_u64(data);
 	slots = proto_get_u64(data + 8);
 	page = proto_get_u64(data + 16);
-	while (i + 2 <= size) {
-		size_t n = (size_t)(data[i] | data[i + 1] << 8);
-		uint8_t *dg;
+	while ((dg = next_datagram(data, size, &i, &n))) {
 		struct proto_msg m;
 		char why[400];
 
-		i += 2;
-		if (n > size - i)
-			n = size - i;
-		dg = malloc(n ? n : 1);
-		if (!dg)
-			abort();
-		memcpy(dg, data + i, n);
 		if (proto_decode(dg, n, &m, NULL) == 0) {
 			switch (m.type) {
 			case PROTO_MODEL:
@@ -94,7 +87,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			}
 		}
 		free(dg);
-		i += n;
 	}
 	return 0;
 }

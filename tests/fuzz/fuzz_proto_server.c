@@ -11,6 +11,7 @@
  * the decoder accepts must be one the daemon can act on with no further
  * length checks: its length matches its type and the counts inside it.
  */
+#include "datagrams.h"
 #include "proto_i.h"
 #include "pager.h"
 
@@ -67,21 +68,13 @@ static void consume(const struct proto_msg *m)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	size_t i = 0;
+	size_t i = 0, n;
+	uint8_t *dg;
 
-	while (i + 2 <= size) {
-		size_t n = (size_t)(data[i] | data[i + 1] << 8);
-		uint8_t *dg;
+	while ((dg = next_datagram(data, size, &i, &n))) {
 		struct proto_msg m;
 		const char *why = NULL;
 
-		i += 2;
-		if (n > size - i)
-			n = size - i;
-		dg = malloc(n ? n : 1);
-		if (!dg)
-			abort();
-		memcpy(dg, data + i, n);
 		if (proto_decode(dg, n, &m, &why) == 0) {
 			if (m.len + (size_t)PROTO_HDR_SIZE != n)
 				abort();
@@ -90,7 +83,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort(); /* a refusal says why, for the log */
 		}
 		free(dg);
-		i += n;
 	}
 	return 0;
 }
