@@ -285,6 +285,12 @@ static void route_to_pager(void *arg, uint32_t layer, const uint32_t *experts, u
 	pager_client_route(arg, layer, experts, n);
 }
 
+/* And its guesses of the next layer's: the pager reads them ahead. */
+static void hint_to_pager(void *arg, uint32_t layer, const uint32_t *experts, uint32_t n)
+{
+	pager_client_hint(arg, layer, experts, n);
+}
+
 int session_open(struct session *s, const struct opts *o, bool want_ctx)
 {
 	char err[256];
@@ -361,9 +367,12 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx)
 		msg("%s: cannot talk to the pager", o->model);
 		return EXIT_BAD_INPUT;
 	}
-	/* a mixture of experts tells the pager its routes (experts.c) */
-	for (unsigned i = 0; s->pc && i < s->n_seqs; i++)
+	/* a mixture of experts tells the pager its routes, and its guesses of
+	 * the next layer's (experts.c) */
+	for (unsigned i = 0; s->pc && i < s->n_seqs; i++) {
 		eng_ctx_set_route_hook(s->seqs[i], route_to_pager, s->pc);
+		eng_ctx_set_lookahead_hook(s->seqs[i], hint_to_pager, s->pc);
+	}
 	/* without it the reports go on, without per-layer times */
 	if (s->pc && s->hp->n_layer <= PAGER_PASS_MAX_LAYERS)
 		s->pass_layer_ns = calloc(s->hp->n_layer, sizeof(*s->pass_layer_ns));

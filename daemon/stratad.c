@@ -2,8 +2,8 @@
  * stratad.c - the pager daemon's command line.
  *
  *   stratad [--config FILE] --socket PATH [--budget SIZE|auto] [--mode MODE]
- *           [--no-pressure] [--resident N] [--window N] [--allow-group GROUP]
- *           [--probe-io] [--io-cache FILE] [--io-chunk SIZE] [--io-depth N]
+ *           [--no-pressure] [--no-lookahead] [--resident N] [--window N]
+ *           [--allow-group GROUP] [--probe-io] [--io-cache FILE] [--io-chunk SIZE] [--io-depth N]
  *           [--verbose] MODEL.gguf...
  *
  * Everything it does lives in the pager library (pager/server.c); this file
@@ -32,8 +32,8 @@
 
 static const char usage_text[] =
 	"usage: stratad [--config FILE] --socket PATH [--fuse DIR] [--budget SIZE|auto]\n"
-	"               [--mode MODE] [--no-pressure] [--resident N] [--window N]\n"
-	"               [--allow-group GROUP] [--probe-io] [--io-cache FILE]\n"
+	"               [--mode MODE] [--no-pressure] [--no-lookahead] [--resident N]\n"
+	"               [--window N] [--allow-group GROUP] [--probe-io] [--io-cache FILE]\n"
 	"               [--io-chunk SIZE] [--io-depth N] [--verbose] MODEL.gguf...\n"
 	"\n"
 	"  --config FILE   read settings from FILE first: one per line, an option's\n"
@@ -50,6 +50,8 @@ static const char usage_text[] =
 	"                  (default: all to resident layers but what engines declare),\n"
 	"                  balanced (a quarter kept for engines' context), context (half)\n"
 	"  --no-pressure   do not shed resident layers under memory pressure\n"
+	"  --no-lookahead  read no experts ahead on an engine's hint (a mixture of\n"
+	"                  experts: the next layer's likely experts; for comparison)\n"
 	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
 	"  --window N      streamed layers read ahead (default 2)\n"
 	"  --allow-group GROUP  let processes of GROUP connect too (the socket becomes\n"
@@ -71,6 +73,7 @@ static const struct option lo[] = {
 	{ "budget", required_argument, NULL, 'b' },
 	{ "mode", required_argument, NULL, 'm' },
 	{ "no-pressure", no_argument, NULL, 'N' },
+	{ "no-lookahead", no_argument, NULL, 'L' },
 	{ "resident", required_argument, NULL, 'r' },
 	{ "window", required_argument, NULL, 'w' },
 	{ "probe-io", no_argument, NULL, 'P' },
@@ -266,6 +269,9 @@ int main(int argc, char **argv)
 			break;
 		case 'N':
 			cfg.no_pressure = true;
+			break;
+		case 'L':
+			cfg.no_lookahead = true;
 			break;
 		case 'C':
 			cfg.io_cache = optarg;

@@ -189,6 +189,13 @@ const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c);
  * pager) can read the missing ones at once.  NULL: none. */
 typedef void (*eng_route_fn)(void *arg, uint32_t layer, const uint32_t *experts, uint32_t n);
 void eng_ctx_set_route_hook(struct eng_ctx *c, eng_route_fn fn, void *arg);
+/* Called right after the route hook of every mixture-of-experts layer but
+ * the last, with a guess of the next layer's picks (a lookahead: the next
+ * layer's router applied to the residual entering this layer's experts, the
+ * union over the pass's rows, ascending), so that the next layer's weights
+ * can be read while this layer computes.  It costs a router matmul a layer,
+ * only while set; the pass's results do not depend on it.  NULL: none. */
+void eng_ctx_set_lookahead_hook(struct eng_ctx *c, eng_route_fn fn, void *arg);
 uint64_t eng_ctx_outside_ns(const struct eng_ctx *c);
 uint32_t eng_ctx_n_ctx(const struct eng_ctx *c);
 uint32_t eng_ctx_n_past(const struct eng_ctx *c);

@@ -184,6 +184,7 @@ static void ctx_alloc(struct eng_ctx *c)
 		c->moe_pos = xcalloc(c, nk, sizeof(uint32_t));
 		c->moe_first = xcalloc(c, (size_t)hp->n_expert + 1, sizeof(uint32_t));
 		c->moe_route = xcalloc(c, hp->n_expert, sizeof(uint32_t));
+		c->moe_mark = xcalloc(c, hp->n_expert, 1);
 		c->moe_parts = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct mm_part));
 		c->moe_slice = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct wt));
 		c->moe_in = xcalloc(c, nk * hp->n_embd, sizeof(float));
@@ -313,6 +314,7 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->moe_pos);
 	free(c->moe_first);
 	free(c->moe_route);
+	free(c->moe_mark);
 	free(c->moe_parts);
 	free(c->moe_slice);
 	free(c->moe_in);
@@ -351,6 +353,12 @@ void eng_ctx_set_route_hook(struct eng_ctx *c, eng_route_fn fn, void *arg)
 {
 	c->route_fn = fn;
 	c->route_arg = arg;
+}
+
+void eng_ctx_set_lookahead_hook(struct eng_ctx *c, eng_route_fn fn, void *arg)
+{
+	c->ahead_fn = fn;
+	c->ahead_arg = arg;
 }
 
 const uint64_t *eng_ctx_layer_ns(const struct eng_ctx *c)
@@ -654,6 +662,39 @@ static void route(float *p, uint32_t n, uint32_t k, uint32_t *sel, float *wsel)
 }
 
 /*
+ * The lookahead: layer l's router applied to the residual entering the
+ * current layer's experts (x, normalized with layer l's ffn_norm), its
+ * picks for all rows told to the hook as a guess of what layer l will route
+ * to, so that whoever serves the weights can read them while this layer
+ * computes.  Only a guess: nothing here feeds the pass.  It uses buffers the
+ * current layer has not yet filled (moe_block: moe_probs is consumed, and
+ * moe_y, moe_rows and moe_in are written whole after it).
+ *
+ *   xn    = rmsnorm(x) * ffn_norm[l]              [B][E]   (in moe_y)
+ *   probs = softmax(xn @ Wgate_inp[l])             [B][n_expert]
+ *   guess = the union over rows of top-k(probs)    ascending
+ */
+static void lookahead(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct layer_w *w = &c->m->layers[l];
+	uint32_t E = hp->n_embd, N = hp->n_expert, K = hp->n_expert_used, n = 0;
+
+	rmsnorm_rows(c->moe_y, c->x, &w->ffn_norm, nb, E, hp->norm_eps);
+	matmul1(c, &w->gate_inp, c->moe_probs, c->moe_y, nb);
+	memset(c->moe_mark, 0, N);
+	for (uint32_t b = 0; b < nb; b++) {
+		route(c->moe_probs + (size_t)b * N, N, K, c->moe_rows, c->moe_in);
+		for (uint32_t j = 0; j < K; j++)
+			c->moe_mark[c->moe_rows[j]] = 1;
+	}
+	for (uint32_t e = 0; e < N; e++)
+		if (c->moe_mark[e])
+			c->moe_route[n++] = e;
+	c->ahead_fn(c->ahead_arg, l, c->moe_route, n);
+}
+
+/*
  * x += moe(rmsnorm(x)): the router picks k experts per token; the batch's
  * (token, slot) pairs are sorted by expert, and each matmul runs every
  * picked expert over the rows of its pairs in one pass of the pool, so each
@@ -700,6 +741,9 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 				c->moe_route[nr++] = e;
 		c->route_fn(c->route_arg, l, c->moe_route, nr);
 	}
+	/* and the next layer's likely picks, read while this one computes */
+	if (c->ahead_fn && l + 1 < hp->n_layer)
+		lookahead(c, l + 1, nb);
 	for (uint32_t e = 0; e < N; e++)
 		first[e + 1] += first[e];
 	for (uint32_t i = 0; i < np; i++) {

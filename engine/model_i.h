@@ -150,6 +150,9 @@ struct eng_ctx {
 	uint32_t *moe_route;         /* [n_expert] the experts a pass picked */
 	eng_route_fn route_fn;       /* told them first (eng_ctx_set_route_hook) */
 	void *route_arg;
+	eng_route_fn ahead_fn;       /* the next layer's guessed (eng_ctx_set_lookahead_hook) */
+	void *ahead_arg;
+	uint8_t *moe_mark;           /* [n_expert] the lookahead's picks */
 	struct mm_part *moe_parts;   /* [2 n_expert] one matmul's experts */
 	struct wt *moe_slice;        /* [2 n_expert] their matrices */
 	float *moe_in;               /* [n_batch * k][n_embd] the pairs' inputs, sorted */

@@ -554,8 +554,9 @@ int pager_client_report(struct pager_client *c, const struct pager_pass_report *
 	return proto_send(c->sock, PROTO_PASS, p, PROTO_PASS_FIXED + 4 * n_layers, -1);
 }
 
-int pager_client_route(struct pager_client *c, uint32_t layer, const uint32_t *experts,
-		       uint32_t n)
+/* A ROUTE or a HINT: the same payload. */
+static int send_experts(struct pager_client *c, uint16_t type, uint32_t layer,
+			const uint32_t *experts, uint32_t n)
 {
 	uint8_t p[PROTO_ROUTE_FIXED + 4 * PROTO_ROUTE_MAX];
 
@@ -566,7 +567,19 @@ int pager_client_route(struct pager_client *c, uint32_t layer, const uint32_t *e
 	proto_put_u32(p + 4, n);
 	for (uint32_t i = 0; i < n; i++)
 		proto_put_u32(p + PROTO_ROUTE_FIXED + 4 * i, experts[i]);
-	return proto_send(c->sock, PROTO_ROUTE, p, PROTO_ROUTE_FIXED + 4 * n, -1);
+	return proto_send(c->sock, type, p, PROTO_ROUTE_FIXED + 4 * n, -1);
+}
+
+int pager_client_route(struct pager_client *c, uint32_t layer, const uint32_t *experts,
+		       uint32_t n)
+{
+	return send_experts(c, PROTO_ROUTE, layer, experts, n);
+}
+
+int pager_client_hint(struct pager_client *c, uint32_t layer, const uint32_t *experts,
+		      uint32_t n)
+{
+	return send_experts(c, PROTO_HINT, layer, experts, n);
 }
 
 void pager_client_close(struct pager_client *c)

@@ -18,6 +18,16 @@
  * fault waits for, never go.  An engine that sends no ROUTE still works: its
  * faults load what it touches, one expert at a time.
  *
+ * The lookahead: while a layer computes, the engine may send HINT, the
+ * experts the next layer will likely route to (its router applied to this
+ * layer's hidden state).  Those not in memory are read then, as far as the
+ * cache makes room for them without going past its capacity (a hint never
+ * forces a load), and the hinted experts are pinned until the client's next
+ * ROUTE, which then finds them in memory or in flight.  A hint is no use:
+ * it moves no score, so a wrong guess is the first to leave again.  With
+ * --no-lookahead the daemon only scores the hints (how many of the routed
+ * experts they named) and reads nothing on them.
+ *
  * Evictions punch on the daemon's thread rather than on the ring: an expert
  * is a few MiB, and the load that waits for the room should not wait behind
  * the reads queued there.
@@ -100,14 +110,16 @@ int pager_experts_init(struct model *m)
 	if (!n)
 		return 0;
 	m->ex.pins = calloc(n, sizeof(*m->ex.pins));
-	if (!m->ex.pins)
-		return -ENOMEM;
+	m->ex.ahead = calloc(n, sizeof(*m->ex.ahead));
+	if (!m->ex.pins || !m->ex.ahead)
+		return -ENOMEM; /* pager_experts_destroy frees what was */
 	return expert_cache_init(&m->ex.cache, n, HALF_LIFE);
 }
 
 void pager_experts_destroy(struct model *m)
 {
 	free(m->ex.pins);
+	free(m->ex.ahead);
 	expert_cache_free(&m->ex.cache);
 }
 
@@ -127,52 +139,114 @@ static void unpin(struct client *c)
 	c->n_route = 0;
 }
 
+/* Nor its last HINT's. */
+static void unpin_hint(struct client *c)
+{
+	struct model *m = c->m;
+
+	for (uint32_t i = 0; i < c->n_hint; i++)
+		m->ex.pins[index_of(m, c->hint[i])]--;
+	c->n_hint = 0;
+	c->hint_layer = -1;
+}
+
+/* The expert units of a ROUTE's or HINT's experts (n u32) into units[],
+ * checked: false, with the client dropped, on a layer or expert the model
+ * lacks or an expert named twice. */
+static bool units_of(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n,
+		     unsigned *units)
+{
+	const struct pager_layout *l = c->m->lay;
+
+	if (layer >= l->n_layers) {
+		pager_drop_client(c, "it routed a layer the model does not have");
+		return false;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t e = proto_get_u32(experts + 4 * i);
+
+		if (e >= l->n_experts) {
+			pager_drop_client(c, "it routed to an expert the model does not have");
+			return false;
+		}
+		units[i] = pager_expert_unit(l, layer, e);
+		for (uint32_t k = 0; k < i; k++)
+			if (units[k] == units[i]) {
+				pager_drop_client(c, "it routed to an expert twice");
+				return false;
+			}
+	}
+	return true;
+}
+
+/* c->route, c->hint: room for a layer's experts (a message names each of
+ * them at most once). */
+static bool lists(struct client *c)
+{
+	uint32_t E = c->m->lay->n_experts;
+
+	if ((!c->route && !(c->route = malloc(E * sizeof(*c->route)))) ||
+	    (!c->hint && !(c->hint = malloc(E * sizeof(*c->hint))))) {
+		pager_drop_client(c, "out of memory");
+		return false;
+	}
+	return true;
+}
+
 void pager_experts_route(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n)
 {
 	struct model *m = c->m;
 	const struct pager_layout *l = m->lay;
-	uint32_t E = l->n_experts;
 
-	if (layer >= l->n_layers) {
-		pager_drop_client(c, "it routed a layer the model does not have");
-		return;
-	}
-	if (!E)
+	if (!l->n_experts) {
+		if (layer >= l->n_layers)
+			pager_drop_client(c, "it routed a layer the model does not have");
 		return; /* served by whole layers (--fuse): the faults say it all */
-	if (!c->route && !(c->route = malloc(E * sizeof(*c->route)))) {
-		pager_drop_client(c, "out of memory");
+	}
+	if (!lists(c))
+		return;
+	/* n <= the model's experts once none is named twice: checked there */
+	if (n > l->n_experts) {
+		pager_drop_client(c, "it routed to an expert twice");
 		return;
 	}
+	unpin(c);
+	if (!units_of(c, layer, experts, n, c->route))
+		return;
 	/* the layers of a pass come in order: a layer not after the last is a
 	 * new pass */
 	if (c->route_layer < 0 || layer <= (uint32_t)c->route_layer) {
 		expert_cache_pass(&m->ex.cache);
 		m->ex.passes++;
 	}
-	unpin(c);
 	c->route_layer = (int)layer;
+	c->n_route = n;
 	for (uint32_t i = 0; i < n; i++) {
-		uint32_t e = proto_get_u32(experts + 4 * i);
-		unsigned u;
+		unsigned u = c->route[i], x = index_of(m, u);
 
-		if (e >= E) {
-			pager_drop_client(c, "it routed to an expert the model does not have");
-			return;
-		}
-		u = pager_expert_unit(l, layer, e);
-		for (uint32_t k = 0; k < c->n_route; k++)
-			if (c->route[k] == u) {
-				pager_drop_client(c, "it routed to an expert twice");
-				return;
-			}
-		c->route[c->n_route++] = u;
-		m->ex.pins[index_of(m, u)]++;
-		expert_cache_use(&m->ex.cache, index_of(m, u));
+		m->ex.pins[x]++;
+		expert_cache_use(&m->ex.cache, x);
 		if (m->us[u].state == U_LOADED)
 			m->ex.hits++;
 		else
 			m->ex.misses++;
+		if (m->us[u].state == U_LOADING)
+			m->ex.in_flight++;
+		if (m->ex.ahead[x]) {
+			m->ex.ahead_used++;
+			m->ex.ahead[x] = 0;
+		}
+		/* the lookahead's score: was it named by the hint for this layer */
+		if (c->hint_layer == (int)layer) {
+			m->ex.hint_routed++;
+			for (uint32_t k = 0; k < c->n_hint; k++)
+				if (c->hint[k] == u) {
+					m->ex.hint_right++;
+					break;
+				}
+		}
 	}
+	unpin_hint(c); /* this ROUTE's pins hold what is wanted now */
 	c->pos = (int)layer + 1;
 	c->routes = true;
 	pager_policy_advance(m);
@@ -182,8 +256,12 @@ void pager_experts_forget(struct client *c)
 {
 	if (c->m && c->route)
 		unpin(c);
+	if (c->m && c->hint)
+		unpin_hint(c);
 	free(c->route);
+	free(c->hint);
 	c->route = NULL;
+	c->hint = NULL;
 }
 
 /* A fault on expert unit u, from an engine that does not route: the fault
@@ -271,4 +349,44 @@ void pager_experts_advance(struct model *m)
 				return;
 	}
 	make_room(m, 0);
+}
+
+void pager_experts_hint(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n)
+{
+	struct model *m = c->m;
+	const struct pager_layout *l = m->lay;
+
+	if (!l->n_experts) {
+		if (layer >= l->n_layers)
+			pager_drop_client(c, "it routed a layer the model does not have");
+		return;
+	}
+	if (!lists(c))
+		return;
+	if (n > l->n_experts) {
+		pager_drop_client(c, "it routed to an expert twice");
+		return;
+	}
+	unpin_hint(c);
+	if (!units_of(c, layer, experts, n, c->hint))
+		return;
+	c->hint_layer = (int)layer;
+	c->n_hint = n;
+	for (uint32_t i = 0; i < n; i++)
+		m->ex.pins[index_of(m, c->hint[i])]++;
+	m->ex.hinted += n;
+	if (m->p->cfg.no_lookahead)
+		return;
+	/* in the hint's order (the engine names them ascending): a room that
+	 * runs out stops the reads ahead, the rest wait for the ROUTE */
+	for (uint32_t i = 0; i < n; i++) {
+		unsigned u = c->hint[i];
+
+		if (m->us[u].state != U_ABSENT)
+			continue;
+		if (!make_room(m, l->units[u].bytes) || pager_load(m, u))
+			break;
+		m->ex.ahead_loads++;
+		m->ex.ahead[index_of(m, u)] = 1;
+	}
 }

@@ -53,6 +53,7 @@ struct pager_config {
 				 * followed as it changes (budget.c) */
 	const char *mode;       /* "speed" (NULL), "balanced", "context": plan_i.h */
 	bool no_pressure;       /* do not watch memory pressure (pressure.c) */
+	bool no_lookahead;      /* read nothing on an engine's HINT (experts.c) */
 	int resident;           /* layers kept resident; -1 = as many as fit */
 	unsigned window;        /* streamed layers read ahead; 0 = default (2) */
 	unsigned n_models;
@@ -139,6 +140,13 @@ int pager_client_report(struct pager_client *c, const struct pager_pass_report *
 #define PAGER_ROUTE_MAX 1024
 int pager_client_route(struct pager_client *c, uint32_t layer, const uint32_t *experts,
 		       uint32_t n);
+/* The experts[0..n) a mixture of experts' layer will likely route to (a
+ * lookahead: its router applied to an earlier hidden state), sent while an
+ * earlier layer computes: the daemon reads those it lacks ahead, as far as
+ * its cache has room, and keeps them until the next ROUTE.  A hint changes
+ * only when bytes are read.  As pager_client_route. */
+int pager_client_hint(struct pager_client *c, uint32_t layer, const uint32_t *experts,
+		      uint32_t n);
 /* Unmap and disconnect (the watchdog stops first, so this is not "lost"). */
 void pager_client_close(struct pager_client *c);
 

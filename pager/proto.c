@@ -129,15 +129,18 @@ static int payload(struct proto_msg *m, const char **why)
 		m->u.pass.layer_us = pl + PROTO_PASS_FIXED;
 		return 0;
 	}
-	case PROTO_ROUTE: {
+	case PROTO_ROUTE:
+	case PROTO_HINT: {
 		uint32_t n;
 
 		if (len < PROTO_ROUTE_FIXED)
-			return bad(why, "short ROUTE");
+			return bad(why, m->type == PROTO_HINT ? "short HINT" : "short ROUTE");
 		n = proto_get_u32(pl + 4);
 		if (n == 0 || n > PROTO_ROUTE_MAX ||
 		    len != PROTO_ROUTE_FIXED + 4 * (uint64_t)n)
-			return bad(why, "ROUTE expert count does not match the message");
+			return bad(why, m->type == PROTO_HINT ?
+						"HINT expert count does not match the message" :
+						"ROUTE expert count does not match the message");
 		m->u.route.layer = proto_get_u32(pl);
 		m->u.route.n = n;
 		m->u.route.experts = pl + PROTO_ROUTE_FIXED;
@@ -153,7 +156,7 @@ int proto_decode(const uint8_t *buf, size_t n, struct proto_msg *m, const char *
 	*m = (struct proto_msg){ 0 };
 	if (n < PROTO_HDR_SIZE || proto_get_u32(buf) != PROTO_MAGIC ||
 	    (buf[4] | buf[5] << 8) != PROTO_VERSION || proto_get_u32(buf + 12) != 0)
-		return bad(why, "malformed message header (protocol version 6 expected)");
+		return bad(why, "malformed message header (protocol version 7 expected)");
 	m->type = (uint16_t)(buf[6] | buf[7] << 8);
 	m->len = proto_get_u32(buf + 8);
 	if (m->len != n - PROTO_HDR_SIZE || m->len > PROTO_MAX_PAYLOAD)

@@ -1,5 +1,5 @@
 /*
- * proto_i.h - the stratad wire protocol (version 6), shared by the daemon, the
+ * proto_i.h - the stratad wire protocol (version 7), shared by the daemon, the
  * client library and stratactl.  docs/protocol.md says the same in prose.
  *
  * Transport: a unix seqpacket socket.  Every message is a 16-byte header and a
@@ -8,7 +8,7 @@
  *
  *   off size field
  *     0    4 magic     0x41525453 ("STRA")
- *     4    2 version   6
+ *     4    2 version   7
  *     6    2 type      enum proto_type
  *     8    4 length    payload bytes that follow (<= PROTO_MAX_PAYLOAD)
  *    12    4 reserved  0
@@ -35,6 +35,9 @@
  *   client -> ROUTE    a mixture of experts' layer: the experts its router
  *                      picked for the pass, before it reads them, so the
  *                      daemon reads the missing ones at once (experts.c)
+ *   client -> HINT     the experts a mixture of experts' next layer will
+ *                      likely route to (a lookahead), while it computes this
+ *                      one: the daemon reads ahead what room allows
  *   ... the daemon writes nothing else unless it drops the client (ERROR);
  *   EOF on either side ends the session.
  *
@@ -58,7 +61,7 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC 0x41525453u
-#define PROTO_VERSION 6
+#define PROTO_VERSION 7
 #define PROTO_HDR_SIZE 16
 #define PROTO_MAX_PAYLOAD (1u << 20)
 #define PROTO_MAX_NAME 4096
@@ -77,6 +80,7 @@ enum proto_type {
 	PROTO_REMAPPED = 11,
 	PROTO_PASS = 12,
 	PROTO_ROUTE = 13,
+	PROTO_HINT = 14,
 };
 
 enum proto_role {
@@ -172,6 +176,10 @@ enum proto_role {
  *                     each once.  Sent only for a model with expert units. */
 #define PROTO_ROUTE_FIXED 8
 #define PROTO_ROUTE_MAX 1024
+
+/* HINT payload: as ROUTE's (the same checks), the experts the layer will
+ * likely route to, guessed before its router ran.  Nothing is pinned beyond
+ * the client's next ROUTE; decoded into u.route. */
 
 /* ERROR payload (>= 4 bytes):
  *    0  4 errno   positive errno value

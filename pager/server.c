@@ -396,6 +396,9 @@ static void on_sock(struct client *c)
 		} else if (msg.type == PROTO_ROUTE) {
 			pager_experts_route(c, msg.u.route.layer, msg.u.route.experts,
 					    msg.u.route.n);
+		} else if (msg.type == PROTO_HINT) {
+			pager_experts_hint(c, msg.u.route.layer, msg.u.route.experts,
+					   msg.u.route.n);
 		} else {
 			pager_drop_client(c, "unexpected message after READY");
 		}
@@ -463,6 +466,7 @@ static void on_accept(struct pager *p)
 		c->uid = cr.uid;
 		c->pos = -1;
 		c->route_layer = -1;
+		c->hint_layer = -1;
 		c->remaps_tail = &c->remaps;
 		ev.data.u64 = EV(EV_SOCK, c);
 		if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {

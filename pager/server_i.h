@@ -118,12 +118,17 @@ struct speed {
 /* A model's expert cache (experts.c), with expert units. */
 struct model_experts {
 	struct expert_cache cache; /* which to keep */
-	uint32_t *pins;     /* per expert: the clients whose last ROUTE has it */
+	uint32_t *pins;     /* per expert: the clients whose last ROUTE or HINT has it */
+	uint8_t *ahead;     /* per expert: read on a HINT, not routed to since */
 	uint64_t held;      /* bytes of experts loading, loaded or being evicted */
 	uint64_t capacity;  /* what the plan leaves them; UINT64_MAX: no limit */
 	uint64_t hits, misses; /* routed experts in memory or not, as routed */
 	uint64_t bytes_read;   /* experts read */
 	uint64_t passes;       /* passes routed (a pass of one token decodes one) */
+	/* the lookahead (HINT): experts hinted, read ahead on a hint, routed
+	 * to when a hint had named them (read ahead or not), routed to in a
+	 * layer that had a hint, and routed to while still being read */
+	uint64_t hinted, ahead_loads, ahead_used, hint_right, hint_routed, in_flight;
 	uint64_t fuse_misses;  /* experts the mount's reader read from the file */
 	int fuse_layer;        /* the layer of the last of them */
 };
@@ -224,6 +229,10 @@ struct client {
 	uint32_t n_route;
 	int route_layer;      /* -1: none yet */
 	bool routes;          /* it sends ROUTE */
+	/* its last HINT: the expert units it pins until its next ROUTE */
+	unsigned *hint;
+	uint32_t n_hint;
+	int hint_layer;       /* -1: none pending */
 };
 
 /* Where the budget comes from (budget.c). */
@@ -379,6 +388,9 @@ int pager_experts_init(struct model *m);
 void pager_experts_destroy(struct model *m);
 /* Client c's ROUTE: layer's experts (n u32, unchecked) it will read now. */
 void pager_experts_route(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n);
+/* Client c's HINT: layer's experts (n u32, unchecked) it will likely route
+ * to next; read ahead as far as the cache has room. */
+void pager_experts_hint(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n);
 /* Client c goes: its pins too. */
 void pager_experts_forget(struct client *c);
 /* Client c faulted on expert unit u. */

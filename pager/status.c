@@ -137,6 +137,7 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 	uint64_t routed = x->hits + x->misses, loads = 0, evictions = 0, drops = 0;
 	double rate = routed ? (double)x->hits / (double)routed : 0;
 	double per_pass = x->passes ? (double)x->bytes_read / (double)x->passes : 0;
+	double acc = x->hint_routed ? (double)x->hint_right / (double)x->hint_routed : 0;
 
 	char cap[32] = "unlimited";
 
@@ -153,22 +154,37 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 		sb(s, "\"experts\": {\"per_layer\": %u, \"bytes\": %llu, \"capacity_bytes\": %llu, "
 		      "\"held_bytes\": %llu, \"hits\": %llu, \"misses\": %llu, \"hit_rate\": %.4f, "
 		      "\"loads\": %llu, \"evictions\": %llu, \"bytes_read\": %llu, \"passes\": %llu, "
-		      "\"bytes_per_pass\": %.0f, \"fuse_misses\": %llu, \"fuse_drops\": %llu, \"resident\": [",
+		      "\"bytes_per_pass\": %.0f, \"fuse_misses\": %llu, \"fuse_drops\": %llu, "
+		      "\"lookahead\": {\"on\": %s, \"hinted\": %llu, \"read_ahead\": %llu, "
+		      "\"read_ahead_used\": %llu, \"routed\": %llu, \"predicted\": %llu, "
+		      "\"accuracy\": %.4f, \"routed_in_flight\": %llu}, \"resident\": [",
 		   l->n_experts, (unsigned long long)l->expert_bytes,
 		   (unsigned long long)(x->capacity == UINT64_MAX ? 0 : x->capacity),
 		   (unsigned long long)x->held, (unsigned long long)x->hits,
 		   (unsigned long long)x->misses, rate, (unsigned long long)loads,
 		   (unsigned long long)evictions, (unsigned long long)x->bytes_read,
 		   (unsigned long long)x->passes, per_pass, (unsigned long long)x->fuse_misses,
-		   (unsigned long long)drops);
+		   (unsigned long long)drops, m->p->cfg.no_lookahead ? "false" : "true",
+		   (unsigned long long)x->hinted, (unsigned long long)x->ahead_loads,
+		   (unsigned long long)x->ahead_used, (unsigned long long)x->hint_routed,
+		   (unsigned long long)x->hint_right, acc, (unsigned long long)x->in_flight);
 	else
 		sb(s, "  experts     %u a layer, %.1f MiB; cache %.1f MiB of %s; hit rate %.3f "
 		      "(%llu of %llu routed); %.2f MiB read a pass (%llu passes); %llu loads, "
-		      "%llu evictions\n  in memory   [",
+		      "%llu evictions\n",
 		   l->n_experts, l->expert_bytes / 1048576.0, x->held / 1048576.0,
 		   cap, rate, (unsigned long long)x->hits,
 		   (unsigned long long)routed, per_pass / 1048576.0, (unsigned long long)x->passes,
 		   (unsigned long long)loads, (unsigned long long)evictions);
+	if (!json && x->hinted)
+		sb(s, "  lookahead   accuracy %.3f (%llu of %llu routed were hinted); %llu read "
+		      "ahead%s, %llu of them routed to; %llu routed while in flight\n",
+		   acc, (unsigned long long)x->hint_right, (unsigned long long)x->hint_routed,
+		   (unsigned long long)x->ahead_loads,
+		   m->p->cfg.no_lookahead ? " (off: --no-lookahead)" : "",
+		   (unsigned long long)x->ahead_used, (unsigned long long)x->in_flight);
+	if (!json)
+		sb(s, "  in memory   [");
 	for (unsigned layer = 0; layer < l->n_layers; layer++) {
 		unsigned n = 0;
 

@@ -33,8 +33,10 @@
               remembered per device in the cache file, whose bad lines are
               ignored
   experts     a mixture of experts an expert at a time: a budget that evicts
-              experts; logits bit-identical to mmap, the expert cache in the
-              status, hostile ROUTEs dropped
+              experts; logits bit-identical to mmap, with the lookahead's
+              reads ahead and without (--no-lookahead), the expert cache in
+              the status; a HINT reads its experts before any fault; hostile
+              ROUTEs and HINTs dropped
   shed        SIGUSR1 (the memory-pressure path) demotes resident layers while
               an engine runs; they are evicted, results stay bit-identical;
               SIGUSR2 restores them
@@ -298,7 +300,7 @@ def raw_conn(sock):
     return s
 
 
-def hdr(t, n, magic=0x41525453, ver=6):
+def hdr(t, n, magic=0x41525453, ver=7):
     return struct.pack("<IBBHII", magic, ver, 0, t, n, 0)
 
 
@@ -1371,24 +1373,30 @@ def case_experts():
           ex["passes"] > 0 and ex["bytes_per_pass"] > 0, str(ex))
     check("experts: the layers' cores stay resident",
           all(l["state"] == "resident" for l in st["layers"]), str(st["layers"]))
+    la = ex["lookahead"]
+    check("experts: the engine's lookahead hinted, and experts read ahead were routed to",
+          la["on"] and la["hinted"] > 0 and la["read_ahead"] > 0 and
+          0 < la["read_ahead_used"] <= la["read_ahead"] and la["routed"] > 0 and
+          0 < la["predicted"] <= la["routed"] and la["accuracy"] > 0, str(la))
     text = subprocess.run([CTL, "--socket", d.sock, "status"], capture_output=True,
                           text=True).stdout
     check("experts: stratactl shows the expert cache",
           "hit rate" in text and "experts per layer" in text, text)
-    # hostile ROUTEs: a layer or an expert the model lacks, an expert twice,
-    # a count that does not match the message
+    # hostile ROUTEs and HINTs: a layer or an expert the model lacks, an
+    # expert twice, a count that does not match the message
     name = m.encode()
-    for what, body in (("a layer it lacks", struct.pack("<III", 99, 1, 0)),
-                       ("an expert it lacks", struct.pack("<III", 0, 1, 8)),
-                       ("an expert twice", struct.pack("<IIII", 0, 2, 1, 1)),
-                       ("a count the message lacks", struct.pack("<III", 0, 2, 1)),
-                       ("no experts", struct.pack("<II", 0, 0))):
-        s, keep = uffd_session(d.sock, name)
-        s.send(hdr(13, len(body)) + body)
-        check(f"experts: a ROUTE to {what} is dropped", dropped(s))
-        s.close()
-        for fd in keep:
-            os.close(fd)
+    for t, msg in ((13, "ROUTE"), (14, "HINT")):
+        for what, body in (("a layer it lacks", struct.pack("<III", 99, 1, 0)),
+                           ("an expert it lacks", struct.pack("<III", 0, 1, 8)),
+                           ("an expert twice", struct.pack("<IIII", 0, 2, 1, 1)),
+                           ("a count the message lacks", struct.pack("<III", 0, 2, 1)),
+                           ("no experts", struct.pack("<II", 0, 0))):
+            s, keep = uffd_session(d.sock, name)
+            s.send(hdr(t, len(body)) + body)
+            check(f"experts: a {msg} to {what} is dropped", dropped(s))
+            s.close()
+            for fd in keep:
+                os.close(fd)
     log = open(os.path.join(TMP, "stratad.log"), errors="replace").read()
     check("experts: the drops are logged with their reason",
           "routed to an expert the model does not have" in log and
@@ -1396,6 +1404,36 @@ def case_experts():
     alive = run_eval(p, toks, os.path.join(TMP, "experts.after"), d.sock, ("-b", "1"))
     check("experts: the daemon serves on after them", alive.returncode == 0, alive.stderr)
     d.stop()
+    # A HINT alone reads its experts: a client that never touches its
+    # mapping (no fault at all) hints two experts of the last layer, which a
+    # fresh daemon has not read; they come into memory, counted as read
+    # ahead, before anything faults on them.
+    d = Daemon([p], "--budget", str(need + per_layer))
+    last = len(d.model(m)["layers"]) - 1
+    before = d.model(m)["experts"]
+    s, keep = uffd_session(d.sock, name)
+    body = struct.pack("<IIII", last, 2, 3, 5)
+    s.send(hdr(14, len(body)) + body)
+    st = wait_for(lambda: (lambda x: x if x["experts"]["resident"][last] == 2 and
+                           x["experts"]["lookahead"]["read_ahead"] == 2 else None)(d.model(m)),
+                  10, "the hinted experts read")
+    check("experts: a HINT reads its experts ahead, before any fault",
+          before["resident"][last] == 0 and st["experts"]["held_bytes"] > 0 and
+          [c["faults"] for c in st["clients"]] == [0], str(before) + " -> " + str(st))
+    s.close()
+    for fd in keep:
+        os.close(fd)
+    d.stop()
+    # --no-lookahead: the hints are scored, nothing is read on them, and the
+    # logits are the same
+    d = Daemon([p], "--budget", str(need + per_layer), "--no-lookahead")
+    out = os.path.join(TMP, "experts.nolook")
+    r = run_eval(p, toks, out, d.sock, ("-b", "1"))
+    la = d.model(m)["experts"]["lookahead"]
+    d.stop()
+    check("experts: --no-lookahead is bit-identical to mmap and reads nothing ahead",
+          r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read() and
+          not la["on"] and la["hinted"] > 0 and la["read_ahead"] == 0, r.stderr.strip() + str(la))
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
         print("skip experts through the mount: needs /dev/fuse and root")
         return
@@ -1543,8 +1581,8 @@ def case_peercred():
               "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
               "s.connect(sys.argv[1]); s.settimeout(5)\n"
               "try:\n"
-              "    s.send(struct.pack('<IHHII', 0x41525453, 6, 1, 16, 0) + struct.pack('<IIQ', 2, 0, 0))\n"
-              "    s.send(struct.pack('<IHHII', 0x41525453, 6, 5, 4, 0) + struct.pack('<I', 0))\n"
+              "    s.send(struct.pack('<IHHII', 0x41525453, 7, 1, 16, 0) + struct.pack('<IIQ', 2, 0, 0))\n"
+              "    s.send(struct.pack('<IHHII', 0x41525453, 7, 5, 4, 0) + struct.pack('<I', 0))\n"
               "    d = s.recv(100000)\n"
               "except OSError:\n    d = b''\n"
               "print('served' if len(d) > 16 else 'refused')\n")

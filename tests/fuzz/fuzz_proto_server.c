@@ -7,7 +7,7 @@
  * first into a buffer of exactly its size so an over-read is seen; then the
  * fields the daemon goes on to use are used the same way: a HELLO's name
  * copied as find_model() does, a PASS's per-layer times read, a ROUTE's
- * experts read.  Any message
+ * or a HINT's experts read.  Any message
  * the decoder accepts must be one the daemon can act on with no further
  * length checks: its length matches its type and the counts inside it.
  */
@@ -43,6 +43,7 @@ static void consume(const struct proto_msg *m)
 			sink += proto_get_u32(m->u.pass.layer_us + 4 * l);
 		break;
 	case PROTO_ROUTE:
+	case PROTO_HINT:
 		if (!m->u.route.n || m->u.route.n > PROTO_ROUTE_MAX ||
 		    PROTO_ROUTE_FIXED + 4 * (uint64_t)m->u.route.n != m->len)
 			abort();

@@ -63,7 +63,7 @@ def data_offset(buf):
 
 
 def hdr(t, n):
-    return struct.pack('<IHHII', 0x41525453, 6, t, n, 0)
+    return struct.pack('<IHHII', 0x41525453, 7, t, n, 0)
 
 
 def msg(t, payload=b''):
@@ -128,12 +128,13 @@ def main():
         'pass': msg(12, struct.pack('<IIQIIII', 3, 4, 123456, 10, 3, 3, 0) +
                     struct.pack('<4I', 1, 2, 3, 4)),
         'route': msg(13, struct.pack('<II', 5, 3) + struct.pack('<3I', 2, 17, 90)),
+        'hint': msg(14, struct.pack('<II', 6, 2) + struct.pack('<2I', 17, 4)),
     }
     for k, v in server.items():
         write(out, 'fuzz_proto_server', k, framed(v))
     # a whole session, as the daemon receives it
     write(out, 'fuzz_proto_server', 'session',
-          b''.join(framed(server[k]) for k in ('hello', 'register', 'declare', 'route', 'pass',
+          b''.join(framed(server[k]) for k in ('hello', 'register', 'declare', 'route', 'hint', 'pass',
                                               'remapped')))
     client = {
         'model': msg(2, struct.pack('<QQIIQQQQ', 1185376, 1187840, 7, 4096, 0, 8 << 20,
