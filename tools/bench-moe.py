@@ -5,7 +5,7 @@ plain mmap, inside one memory cgroup (issue 22).
   tools/bench-moe.py --model M.gguf [--model M2.gguf ...]
                      --llama NAME=PATH[:LIBDIR] [--llama NAME2=PATH2 ...]
                      [--compute-model C.gguf] [--limit 8G] [--reps 3]
-                     [--tokens 16] [--threads 2]
+                     [--tokens 16] [--threads 2] [--no-lookahead-too]
 
 The device is emulated by a memory cgroup (v1) of --limit bytes.  Per
 repetition, interleaved (each model: strata, then each llama-bench):
@@ -20,6 +20,12 @@ repetition, interleaved (each model: strata, then each llama-bench):
             were in flight, the engine's compute a token (its wall time
             less the fault waits) and the bound
             1 / max(compute, missed expert bytes a token / probed bandwidth).
+            Also the lookahead's accuracy (of the experts routed to, the
+            share the engine's hint for that layer had named) and the
+            experts read ahead on hints a token.
+  strata no-lookahead  with --no-lookahead-too, the same with
+            `stratad --no-lookahead` (the engine still hints, the daemon
+            reads nothing on a hint): the lookahead's worth, interleaved.
   llama     `PATH -m M -p 0 -n TOKENS -t THREADS -r 1` (llama-bench) inside
             the cgroup, reading the file through the page cache; with
             LIBDIR, its ggml libraries from there first (LD_LIBRARY_PATH:
@@ -53,6 +59,7 @@ ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--compute-model", default="")
+ap.add_argument("--no-lookahead-too", action="store_true")
 a = ap.parse_args()
 
 limit = size(a.limit)
@@ -75,13 +82,14 @@ if compute_s:
           file=sys.stderr)
 
 
-def run_strata(model, cg):
+def run_strata(model, cg, daemon_args=()):
     def loaded(st):  # unit 0 and the cores
         m = st["models"][0]
         return m["other"]["state"] == "resident" and \
             all(l["state"] == "resident" for l in m["layers"])
 
-    j, before, after = bench_paged(model, [], loaded, a.tokens, a.threads, cg.enter)
+    j, before, after = bench_paged(model, list(daemon_args), loaded, a.tokens, a.threads,
+                                   cg.enter)
     x0, x1 = before["models"][0]["experts"], after["models"][0]["experts"]
     routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
     passes = x1["passes"] - x0["passes"]
@@ -90,7 +98,13 @@ def run_strata(model, cg):
     compute = compute_s or after["models"][0]["speed"]["compute_ms"] / 1e3
     io0, io1 = before["io"], after["io"]
     busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
-    return {"tps": j["decode_tps"], "hit": (x1["hits"] - x0["hits"]) / routed,
+    la0, la1 = x0["lookahead"], x1["lookahead"]
+    la = {k: la1[k] - la0[k] for k in ("routed", "predicted", "read_ahead", "read_ahead_used",
+                                       "routed_in_flight")}
+    return {"acc": la["predicted"] / la["routed"] if la["routed"] else 0,
+            "ahead_tok": la["read_ahead"] / passes, "ahead_used": la["read_ahead_used"] /
+            la["read_ahead"] if la["read_ahead"] else 0, "inflight_tok":
+            la["routed_in_flight"] / passes,"tps": j["decode_tps"], "hit": (x1["hits"] - x0["hits"]) / routed,
             "gbps": (io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy > 0 else 0,
             "mib_tok": per_tok / 2**20, "compute": compute, "probed": probed / 1e9,
             "bound": 1 / max(compute, per_tok / probed), "cap": x1["capacity_bytes"] >> 20,
@@ -112,7 +126,8 @@ def run_llama(spec):
     return run
 
 
-engines = [("strata", run_strata)] + [("llama.cpp " + l.partition("=")[0],
+engines = [("strata", run_strata)] + ([("strata no-lookahead", lambda m, cg: run_strata(
+    m, cg, ["--no-lookahead"]))] if a.no_lookahead_too else []) + [("llama.cpp " + l.partition("=")[0],
                                        run_llama(l.partition("=")[2])) for l in a.llama]
 res = {m: {who: [] for who, _ in engines} for m in a.model}
 for rep in range(a.reps):
@@ -131,8 +146,10 @@ for rep in range(a.reps):
             print(f"rep {rep + 1} {os.path.basename(m)} {who}: {r['tps']:.3f} tok/s" +
                   (f", hit rate {r['hit']:.3f}, {r['mib_tok']:.1f} MiB/token, compute "
                    f"{r['compute'] * 1e3:.0f} ms, reads {r['gbps']:.2f} GB/s, "
-                   f"bound {r['bound']:.2f}"
-                   if who == "strata" else "") +
+                   f"bound {r['bound']:.2f}, lookahead accuracy {r['acc']:.3f}, "
+                   f"{r['ahead_tok']:.1f} read ahead a token ({r['ahead_used']:.2f} used), "
+                   f"{r['inflight_tok']:.1f} routed in flight a token"
+                   if who.startswith("strata") else "") +
                   f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
                   (f" FAILED {r['failed']}" if "failed" in r else ""), file=sys.stderr)
 
@@ -148,7 +165,7 @@ def runs(rows):
 print(f"Memory cgroup limit {limit >> 20} MiB (v1); stratad without --budget inside it; "
       f"{a.tokens} decoded tokens per run after one warm-up token, {a.threads} threads; "
       f"{a.reps} interleaved repetitions, medians.\n")
-llamas = [who for who, _ in engines[1:]]
+llamas = [who for who, _ in engines if who.startswith("llama")]
 print("| model | strata tok/s (runs) | " + " | ".join(f"{w} tok/s (runs)" for w in llamas) +
       " | strata / llama.cpp | expert hit rate | expert MiB read / token | compute ms / token "
       "| reads GB/s | bound tok/s | strata / bound | peak MiB strata / llama.cpp | OOM kills |")
@@ -171,3 +188,16 @@ print(f"\nstratad: budget {s0['budget']} MiB, expert cache {s0['cap']} MiB; read
       "; ".join(f"{os.path.basename(m)} " +
                 ", ".join(f"{w} {max(x['failcnt'] for x in res[m][w])}" for w in res[m])
                 for m in a.model))
+if a.no_lookahead_too:
+    print("\n| model | stratad | tok/s (runs) | expert hit rate | expert MiB read / token | "
+          "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
+          "token | strata / bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m in a.model:
+        for who in ("strata", "strata no-lookahead"):
+            s = res[m][who]
+            print(f"| {os.path.basename(m)} | {'lookahead' if who == 'strata' else '--no-lookahead'}"
+                  f" | {med(s, 'tps'):.2f} ({runs(s)}) | {med(s, 'hit'):.3f} | "
+                  f"{med(s, 'mib_tok'):.0f} | {med(s, 'acc'):.3f} | {med(s, 'ahead_tok'):.1f} "
+                  f"({med(s, 'ahead_used'):.2f}) | {med(s, 'inflight_tok'):.1f} | "
+                  f"{med(s, 'tps') / med(s, 'bound'):.2f} |")

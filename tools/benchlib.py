@@ -10,7 +10,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "build")
+# STRATA_BUILD_DIR: another build of this tree (e.g. a copy that a
+# rebuild will not change under a running benchmark)
+BUILD = os.environ.get("STRATA_BUILD_DIR") or os.path.join(ROOT, "build")
 STRATA = os.path.join(BUILD, "strata")
 STRATAD = os.path.join(BUILD, "daemon", "stratad")
 CTL = os.path.join(BUILD, "tools", "stratactl")
