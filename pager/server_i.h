@@ -214,7 +214,9 @@ struct client {
 	uint64_t passes, produced; /* decode passes and the tokens they gave (PASS) */
 	int pos;              /* last layer unit the client entered, -1 unknown */
 	uint64_t faults;
-	uint64_t wait_ns;
+	uint64_t wait_ns;     /* time at least one of its faults waited (uffd.c) */
+	unsigned n_waiting;   /* its faults waiting now */
+	uint64_t waiting_since; /* since n_waiting went from 0 to 1 */
 	uint64_t wait_reported; /* wait_ns at its last PASS (predict.c) */
 	bool dead;
 	bool ready;                    /* READY sent: it may get REMAPs */

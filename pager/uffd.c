@@ -279,6 +279,17 @@ void pager_slots_attach(struct client *c)
 
 static void resolve(struct client *c, uint64_t off, uint64_t since);
 
+/* One of client c's waiting faults is answered.  The client waited while
+ * any of its faults did: its threads fault together (two on one expert,
+ * each on a part of a layer), and a sum of their waits would count the same
+ * time once per thread (the speed predictor's compute, wall time less the
+ * waits, came out far too low). */
+static void wait_over(struct client *c)
+{
+	if (c->n_waiting && !--c->n_waiting)
+		c->wait_ns += pager_now_ns() - c->waiting_since;
+}
+
 /* Client c answered REMAP seq (they come back in the order sent). */
 void pager_on_remapped(struct client *c, uint32_t seq)
 {
@@ -320,6 +331,7 @@ void pager_on_remapped(struct client *c, uint32_t seq)
 		}
 		*pw = x->next;
 		resolve(c, x->off, x->since_ns);
+		wait_over(c);
 		free(x);
 	}
 }
@@ -348,8 +360,7 @@ static void resolve(struct client *c, uint64_t off, uint64_t since)
 	uint64_t waited = pager_now_ns() - since;
 	int rc;
 
-	c->wait_ns += waited;
-	m->fault_wait_ns += waited;
+	m->fault_wait_ns += waited; /* the client's own: wait_over */
 	/* A fault in a layer means the client is in it: note the position
 	 * and map the layer's remaining tripwires, so it takes one fault per
 	 * layer, not one per tensor. */
@@ -385,8 +396,10 @@ static void wake_waiters(struct model *m, unsigned u)
 			continue;
 		}
 		*pw = w->next;
-		if (!w->c->dead)
+		if (!w->c->dead) {
 			resolve(w->c, w->off, w->since_ns);
+			wait_over(w->c);
+		}
 		free(w);
 	}
 }
@@ -492,6 +505,8 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 	w->since_ns = pager_now_ns();
 	w->next = m->waiters[u];
 	m->waiters[u] = w;
+	if (!c->n_waiting++)
+		c->waiting_since = w->since_ns;
 	if (u > 0)
 		c->pos = m->lay->units[u].layer + 1; /* it is here, waiting */
 	if (m->us[u].state == U_EVICTING) {
