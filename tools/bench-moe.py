@@ -6,6 +6,7 @@ plain mmap, inside one memory cgroup (issue 22).
                      --llama NAME=PATH[:LIBDIR] [--llama NAME2=PATH2 ...]
                      [--compute-model C.gguf] [--limit 8G] [--reps 3]
                      [--tokens 16] [--threads 2] [--no-lookahead-too]
+                     [--strata-build NAME=BUILD_DIR ...]
 
 The device is emulated by a memory cgroup (v1) of --limit bytes.  Per
 repetition, interleaved (each model: strata, then each llama-bench):
@@ -26,6 +27,9 @@ repetition, interleaved (each model: strata, then each llama-bench):
   strata no-lookahead  with --no-lookahead-too, the same with
             `stratad --no-lookahead` (the engine still hints, the daemon
             reads nothing on a hint): the lookahead's worth, interleaved.
+  strata NAME  with --strata-build NAME=BUILD_DIR, the same with the strata,
+            stratad and stratactl of another build (e.g. of the commit
+            before a change), interleaved too.
   llama     `PATH -m M -p 0 -n TOKENS -t THREADS -r 1` (llama-bench) inside
             the cgroup, reading the file through the page cache; with
             LIBDIR, its ggml libraries from there first (LD_LIBRARY_PATH:
@@ -39,8 +43,8 @@ shape with fewer experts, e.g. strata-mkmodel --shape qwen3moe-30b-a3b
 C's decode time with every weight in memory (plain mmap, outside the
 cgroup, the page cache warmed by a first run; the best of two), measured
 before the repetitions.  Without it, the daemon's measure (wall time less
-fault waits), which counts a wait once per engine thread that faulted and
-so comes out low.
+the time any of the engine's faults waited: a median of its reports, which
+include the engine's first tokens), printed per run either way.
 
 The page cache is dropped before every run.  Prints a markdown table of
 medians (decode tok/s), per-run values, peak cgroup usage, failcnt and OOM
@@ -60,6 +64,7 @@ ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--compute-model", default="")
 ap.add_argument("--no-lookahead-too", action="store_true")
+ap.add_argument("--strata-build", action="append", default=[], help="NAME=BUILD_DIR")
 a = ap.parse_args()
 
 limit = size(a.limit)
@@ -82,14 +87,14 @@ if compute_s:
           file=sys.stderr)
 
 
-def run_strata(model, cg, daemon_args=()):
+def run_strata(model, cg, daemon_args=(), build=None):
     def loaded(st):  # unit 0 and the cores
         m = st["models"][0]
         return m["other"]["state"] == "resident" and \
             all(l["state"] == "resident" for l in m["layers"])
 
     j, before, after = bench_paged(model, list(daemon_args), loaded, a.tokens, a.threads,
-                                   cg.enter)
+                                   cg.enter, build)
     x0, x1 = before["models"][0]["experts"], after["models"][0]["experts"]
     routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
     passes = x1["passes"] - x0["passes"]
@@ -98,10 +103,11 @@ def run_strata(model, cg, daemon_args=()):
     compute = compute_s or after["models"][0]["speed"]["compute_ms"] / 1e3
     io0, io1 = before["io"], after["io"]
     busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
-    la0, la1 = x0["lookahead"], x1["lookahead"]
-    la = {k: la1[k] - la0[k] for k in ("routed", "predicted", "read_ahead", "read_ahead_used",
-                                       "routed_in_flight")}
-    return {"acc": la["predicted"] / la["routed"] if la["routed"] else 0,
+    keys = ("routed", "predicted", "read_ahead", "read_ahead_used", "routed_in_flight")
+    la0, la1 = (x.get("lookahead", dict.fromkeys(keys, 0)) for x in (x0, x1))  # older daemons
+    la = {k: la1[k] - la0[k] for k in keys}
+    return {"daemon_compute": after["models"][0]["speed"]["compute_ms"] / 1e3,
+            "acc": la["predicted"] / la["routed"] if la["routed"] else 0,
             "ahead_tok": la["read_ahead"] / passes, "ahead_used": la["read_ahead_used"] /
             la["read_ahead"] if la["read_ahead"] else 0, "inflight_tok":
             la["routed_in_flight"] / passes,"tps": j["decode_tps"], "hit": (x1["hits"] - x0["hits"]) / routed,
@@ -127,8 +133,10 @@ def run_llama(spec):
 
 
 engines = [("strata", run_strata)] + ([("strata no-lookahead", lambda m, cg: run_strata(
-    m, cg, ["--no-lookahead"]))] if a.no_lookahead_too else []) + [("llama.cpp " + l.partition("=")[0],
-                                       run_llama(l.partition("=")[2])) for l in a.llama]
+    m, cg, ["--no-lookahead"]))] if a.no_lookahead_too else []) + [
+    ("strata " + n, (lambda b: lambda m, cg: run_strata(m, cg, build=b))(d))
+    for n, _, d in (x.partition("=") for x in a.strata_build)] + [
+    ("llama.cpp " + l.partition("=")[0], run_llama(l.partition("=")[2])) for l in a.llama]
 res = {m: {who: [] for who, _ in engines} for m in a.model}
 for rep in range(a.reps):
     for m in a.model:
@@ -148,7 +156,8 @@ for rep in range(a.reps):
                    f"{r['compute'] * 1e3:.0f} ms, reads {r['gbps']:.2f} GB/s, "
                    f"bound {r['bound']:.2f}, lookahead accuracy {r['acc']:.3f}, "
                    f"{r['ahead_tok']:.1f} read ahead a token ({r['ahead_used']:.2f} used), "
-                   f"{r['inflight_tok']:.1f} routed in flight a token"
+                   f"{r['inflight_tok']:.1f} routed in flight a token, the daemon's compute "
+                   f"{r['daemon_compute'] * 1e3:.0f} ms"
                    if who.startswith("strata") else "") +
                   f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
                   (f" FAILED {r['failed']}" if "failed" in r else ""), file=sys.stderr)
@@ -188,15 +197,15 @@ print(f"\nstratad: budget {s0['budget']} MiB, expert cache {s0['cap']} MiB; read
       "; ".join(f"{os.path.basename(m)} " +
                 ", ".join(f"{w} {max(x['failcnt'] for x in res[m][w])}" for w in res[m])
                 for m in a.model))
-if a.no_lookahead_too:
-    print("\n| model | stratad | tok/s (runs) | expert hit rate | expert MiB read / token | "
+if len([w for w, _ in engines if w.startswith("strata")]) > 1:
+    print("\n| model | strata | tok/s (runs) | expert hit rate | expert MiB read / token | "
           "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
           "token | strata / bound |")
     print("|---|---|---|---|---|---|---|---|---|")
     for m in a.model:
-        for who in ("strata", "strata no-lookahead"):
+        for who in (w for w, _ in engines if w.startswith("strata")):
             s = res[m][who]
-            print(f"| {os.path.basename(m)} | {'lookahead' if who == 'strata' else '--no-lookahead'}"
+            print(f"| {os.path.basename(m)} | {who}"
                   f" | {med(s, 'tps'):.2f} ({runs(s)}) | {med(s, 'hit'):.3f} | "
                   f"{med(s, 'mib_tok'):.0f} | {med(s, 'acc'):.3f} | {med(s, 'ahead_tok'):.1f} "
                   f"({med(s, 'ahead_used'):.2f}) | {med(s, 'inflight_tok'):.1f} | "

@@ -27,9 +27,12 @@ def drop_caches():
         f.write("3")
 
 
-def status(sock):
-    """The daemon's `stratactl status --json`, or None while it does not answer."""
-    r = subprocess.run([CTL, "--socket", sock, "status", "--json"], capture_output=True, text=True)
+def status(sock, build=None):
+    """The daemon's `stratactl status --json`, or None while it does not answer
+    (stratactl of BUILD, a build directory, if given: it speaks its daemon's
+    protocol)."""
+    ctl = os.path.join(build, "tools", "stratactl") if build else CTL
+    r = subprocess.run([ctl, "--socket", sock, "status", "--json"], capture_output=True, text=True)
     return json.loads(r.stdout) if r.returncode == 0 else None
 
 
@@ -55,27 +58,30 @@ def size(s):
     return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s)
 
 
-def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None):
+def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, build=None):
     """stratad DAEMON_ARGS MODEL on a socket of its own and, once loaded(status)
     holds, `strata bench --pager -p 0 -n TOKENS` (one warm-up token first),
-    both with preexec_fn (e.g. entering a cgroup).  Returns strata bench's
-    JSON and the daemon's status before and after it."""
+    both with preexec_fn (e.g. entering a cgroup), the programs of BUILD (a
+    build directory) if given.  Returns strata bench's JSON and the daemon's
+    status before and after it."""
     sock = f"/tmp/strata-bench-{os.getpid()}.sock"
-    d = subprocess.Popen([STRATAD, "--socket", sock, *daemon_args, model],
+    stratad = os.path.join(build, "daemon", "stratad") if build else STRATAD
+    strata = os.path.join(build, "strata") if build else STRATA
+    d = subprocess.Popen([stratad, "--socket", sock, *daemon_args, model],
                          stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     end = time.monotonic() + 180
     while time.monotonic() < end:
-        st = status(sock)
+        st = status(sock, build)
         if st and loaded(st):
             break
         if d.poll() is not None:
             sys.exit("stratad exited: " + d.stderr.read())
         time.sleep(0.05)  # polling a condition with a deadline
-    before = status(sock)
-    r = subprocess.run([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
+    before = status(sock, build)
+    r = subprocess.run([strata, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
                         str(tokens), "-c", "64", "-b", "32", "-t", str(threads), "--no-hw",
                         "--json"], capture_output=True, text=True, preexec_fn=preexec_fn)
-    after = status(sock)
+    after = status(sock, build)
     d.send_signal(signal.SIGTERM)
     d.wait(30)
     if r.returncode:
