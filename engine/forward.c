@@ -662,29 +662,53 @@ static void route(float *p, uint32_t n, uint32_t k, uint32_t *sel, float *wsel)
 }
 
 /*
- * The lookahead: layer l's router applied to the residual entering the
- * current layer's experts (x, normalized with layer l's ffn_norm), its
- * picks for all rows told to the hook as a guess of what layer l will route
- * to, so that whoever serves the weights can read them while this layer
- * computes.  Only a guess: nothing here feeds the pass.  It uses buffers the
- * current layer has not yet filled (moe_block: moe_probs is consumed, and
- * moe_y, moe_rows and moe_in are written whole after it).
+ * The lookahead: the next layer's router applied to the residual entering
+ * this layer's experts (x, normalized with the next layer's ffn_norm), its
+ * picks for all rows told to the hook as a guess of what the next layer
+ * will route to, so that whoever serves the weights can read them while
+ * this layer computes.  Only a guess: nothing here feeds the pass.  Both
+ * routers run in the one pass of the pool this layer's router took alone
+ * (the two inputs stacked), so the guess costs a router's bytes and no
+ * wake-up of the pool; it borrows buffers this layer fills whole later
+ * (moe_in, moe_y, moe_rows).  With a hook set and room for the two inputs
+ * in the activation rows (2 B <= qact_rows, always with k >= 2); else the
+ * router alone.
  *
- *   xn    = rmsnorm(x) * ffn_norm[l]              [B][E]   (in moe_y)
- *   probs = softmax(xn @ Wgate_inp[l])             [B][n_expert]
- *   guess = the union over rows of top-k(probs)    ascending
+ *   in    = [xb ; rmsnorm(x) * ffn_norm[l + 1]]       [2B][E]     (in moe_in)
+ *   probs = in[0..B) @ Wgate_inp[l]                   [B][n_expert]
+ *   next  = in[B..2B) @ Wgate_inp[l + 1]              [B][n_expert]  (in moe_y)
  */
+static bool routers(struct eng_ctx *c, uint32_t l, uint32_t nb)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct layer_w *w = &c->m->layers[l], *w1 = &c->m->layers[l + 1];
+	uint32_t E = hp->n_embd;
+	struct mm_part parts[2] = {
+		{ &w->gate_inp, c->moe_probs, 0, nb, 0 },
+		{ &w1->gate_inp, c->moe_y, nb, nb, 0 },
+	};
+
+	if (!c->ahead_fn || l + 1 >= hp->n_layer || 2 * nb > c->qact_rows ||
+	    (size_t)hp->n_expert_used * E < hp->n_expert) {
+		matmul1(c, &w->gate_inp, c->moe_probs, c->xb, nb);
+		return false;
+	}
+	memcpy(c->moe_in, c->xb, (size_t)nb * E * sizeof(float));
+	rmsnorm_rows(c->moe_in + (size_t)nb * E, c->x, &w1->ffn_norm, nb, E, hp->norm_eps);
+	matmul_parts(c, 2, parts, c->moe_in, 2 * nb);
+	return true;
+}
+
+/* The guess from routers(): top-k of each row of the next layer's router
+ * (as route() picks), the union over rows, ascending, to the hook. */
 static void lookahead(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
-	const struct layer_w *w = &c->m->layers[l];
-	uint32_t E = hp->n_embd, N = hp->n_expert, K = hp->n_expert_used, n = 0;
+	uint32_t N = hp->n_expert, K = hp->n_expert_used, n = 0;
 
-	rmsnorm_rows(c->moe_y, c->x, &w->ffn_norm, nb, E, hp->norm_eps);
-	matmul1(c, &w->gate_inp, c->moe_probs, c->moe_y, nb);
 	memset(c->moe_mark, 0, N);
 	for (uint32_t b = 0; b < nb; b++) {
-		route(c->moe_probs + (size_t)b * N, N, K, c->moe_rows, c->moe_in);
+		route(c->moe_y + (size_t)b * N, N, K, c->moe_rows, c->moe_in);
 		for (uint32_t j = 0; j < K; j++)
 			c->moe_mark[c->moe_rows[j]] = 1;
 	}
@@ -702,7 +726,8 @@ static void lookahead(struct eng_ctx *c, uint32_t l, uint32_t nb)
  * chose it.
  *
  *   xb        = rmsnorm(x) * ffn_norm                 [B][E]
- *   probs     = softmax(xb @ Wgate_inp)                [B][n_expert]
+ *   probs     = softmax(xb @ Wgate_inp)                [B][n_expert]  (routers(): with
+ *                                                       the next layer's guess)
  *   sel, w    = top-k(probs), renormalized             [B][k]
  *   in        = xb of each pair, sorted by expert      [B*k][E]
  *   h         = silu(in @ Wgate_e) * (in @ Wup_e)      [B*k][F]   each row by its expert e
@@ -718,9 +743,10 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	uint32_t *first = c->moe_first, np = nb * K;
 	struct mm_part *parts = c->moe_parts;
 	unsigned n = 0;
+	bool ahead;
 
 	rmsnorm_rows(c->xb, c->x, &w->ffn_norm, nb, E, hp->norm_eps);
-	matmul1(c, &w->gate_inp, c->moe_probs, c->xb, nb);
+	ahead = routers(c, l, nb); /* and the next layer's guess */
 	memset(first, 0, ((size_t)N + 1) * sizeof(*first));
 	for (uint32_t b = 0; b < nb; b++) {
 		uint32_t *sel = c->moe_sel + (size_t)b * K;
@@ -742,7 +768,7 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		c->route_fn(c->route_arg, l, c->moe_route, nr);
 	}
 	/* and the next layer's likely picks, read while this one computes */
-	if (c->ahead_fn && l + 1 < hp->n_layer)
+	if (ahead)
 		lookahead(c, l + 1, nb);
 	for (uint32_t e = 0; e < N; e++)
 		first[e + 1] += first[e];

@@ -106,7 +106,8 @@ def run_strata(model, cg, daemon_args=(), build=None):
     keys = ("routed", "predicted", "read_ahead", "read_ahead_used", "routed_in_flight")
     la0, la1 = (x.get("lookahead", dict.fromkeys(keys, 0)) for x in (x0, x1))  # older daemons
     la = {k: la1[k] - la0[k] for k in keys}
-    return {"daemon_compute": after["models"][0]["speed"]["compute_ms"] / 1e3,
+    wait = (after["models"][0]["fault_wait_ms"] - before["models"][0]["fault_wait_ms"]) / passes
+    return {"daemon_compute": after["models"][0]["speed"]["compute_ms"] / 1e3, "wait": wait,
             "acc": la["predicted"] / la["routed"] if la["routed"] else 0,
             "ahead_tok": la["read_ahead"] / passes, "ahead_used": la["read_ahead_used"] /
             la["read_ahead"] if la["read_ahead"] else 0, "inflight_tok":
@@ -156,7 +157,8 @@ for rep in range(a.reps):
                    f"{r['compute'] * 1e3:.0f} ms, reads {r['gbps']:.2f} GB/s, "
                    f"bound {r['bound']:.2f}, lookahead accuracy {r['acc']:.3f}, "
                    f"{r['ahead_tok']:.1f} read ahead a token ({r['ahead_used']:.2f} used), "
-                   f"{r['inflight_tok']:.1f} routed in flight a token, the daemon's compute "
+                   f"{r['inflight_tok']:.1f} routed in flight a token, faults waited "
+                   f"{r['wait']:.1f} ms a token (summed over threads), the daemon's compute "
                    f"{r['daemon_compute'] * 1e3:.0f} ms"
                    if who.startswith("strata") else "") +
                   f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
@@ -167,8 +169,8 @@ def med(rows, k):
     return statistics.median(x[k] for x in rows)
 
 
-def runs(rows):
-    return ", ".join(f"{x['tps']:.2f}" for x in rows)
+def runs(rows, k="tps", fmt="{:.2f}"):
+    return ", ".join(fmt.format(x[k]) for x in rows)
 
 
 print(f"Memory cgroup limit {limit >> 20} MiB (v1); stratad without --budget inside it; "
@@ -200,8 +202,8 @@ print(f"\nstratad: budget {s0['budget']} MiB, expert cache {s0['cap']} MiB; read
 if len([w for w, _ in engines if w.startswith("strata")]) > 1:
     print("\n| model | strata | tok/s (runs) | expert hit rate | expert MiB read / token | "
           "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
-          "token | strata / bound |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "token | fault wait ms / token | strata / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for m in a.model:
         for who in (w for w, _ in engines if w.startswith("strata")):
             s = res[m][who]
@@ -209,4 +211,5 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
                   f" | {med(s, 'tps'):.2f} ({runs(s)}) | {med(s, 'hit'):.3f} | "
                   f"{med(s, 'mib_tok'):.0f} | {med(s, 'acc'):.3f} | {med(s, 'ahead_tok'):.1f} "
                   f"({med(s, 'ahead_used'):.2f}) | {med(s, 'inflight_tok'):.1f} | "
+                  f"{med(s, 'wait'):.1f} ({runs(s, 'wait', '{:.0f}')}) | "
                   f"{med(s, 'tps') / med(s, 'bound'):.2f} |")
