@@ -193,8 +193,9 @@ void eng_ctx_set_route_hook(struct eng_ctx *c, eng_route_fn fn, void *arg);
  * the last, with a guess of the next layer's picks (a lookahead: the next
  * layer's router applied to the residual entering this layer's experts, the
  * union over the pass's rows, ascending), so that the next layer's weights
- * can be read while this layer computes.  It costs a router matmul a layer,
- * only while set; the pass's results do not depend on it.  NULL: none. */
+ * can be read while this layer computes.  It costs a router's bytes a layer
+ * (in the pass of this layer's router), only while set; the pass's results
+ * do not depend on it.  NULL: none. */
 void eng_ctx_set_lookahead_hook(struct eng_ctx *c, eng_route_fn fn, void *arg);
 uint64_t eng_ctx_outside_ns(const struct eng_ctx *c);
 uint32_t eng_ctx_n_ctx(const struct eng_ctx *c);
