@@ -10,9 +10,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# STRATA_BUILD_DIR: another build of this tree (e.g. a copy that a
-# rebuild will not change under a running benchmark)
-BUILD = os.environ.get("STRATA_BUILD_DIR") or os.path.join(ROOT, "build")
+# the build whose programs run: build/, or STRATA_BUILD (e.g. another commit's
+# build beside this one's, or a build that is not benchmarked while it compiles)
+BUILD = os.environ.get("STRATA_BUILD") or os.path.join(ROOT, "build")
 STRATA = os.path.join(BUILD, "strata")
 STRATAD = os.path.join(BUILD, "daemon", "stratad")
 CTL = os.path.join(BUILD, "tools", "stratactl")
