@@ -586,15 +586,232 @@ VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x, const stru
 static void vec_dot8_q4_k_q8_k_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
 				    const void *w, size_t stride, const void *a, size_t a_stride);
 
+/*
+ * Q4_K by a prompt's tokens in 512-bit vectors (vec_dot16, and vec_dot8 for
+ * two tokens or more), each row and token bit-identical to
+ * vec_dot_q4_k_q8_k_vnni.  What is fixed is the lanes: each row keeps, per
+ * block, 8 int32 sums (lane k: elements 4k..4k+3 of every 32-element
+ * sub-block, times its scale) and 4 for the mins, converted and added to
+ * float accumulators in that order.  How the integers get there is free, so
+ * a vector holds two tokens: the same 32 nibbles in both halves (one
+ * broadcast load, an and, a shift, shared by all the tokens), the two
+ * tokens' 32 activation bytes side by side, and one vpmaddubsw and one
+ * vpdpwssd (with the sub-block's scale in every int16) leave both
+ * tokens' 8 lanes in place, with nothing to fold at the end of a block.  On
+ * cores with two 512-bit multipliers (Sapphire/Emerald Rapids: vpmaddubsw
+ * on zmm at 2 a cycle, measured, as on ymm) that is half the instructions
+ * of the 256-bit kernel per token; on Zen 4, which splits them, the same
+ * work in fewer instructions.
+ *
+ * The activations are rearranged for this once per call, for a span of
+ * KZ_SPAN blocks at a time (20 KB, so they stay in L1 while every row of the
+ * call reads them): struct kz_block holds a block of sixteen tokens, the
+ * quants of each pair interleaved by sub-block, the scales (y.d) spread to
+ * the lanes of their token, and the bsums' pair sums the mins need.  Each
+ * row's accumulators wait in memory between spans, so each lane still adds
+ * its blocks in order and the bits do not change.  Eight pairs share each
+ * unpacked block (four with two chains each: 76 GMAC/s on one core, eight
+ * with one: 83, 512 rows of 4096 by 64 tokens, from L2); the scales go to
+ * vpdpwssd from registers, not as a broadcast memory operand, which made the
+ * loop wait on loads.  The 256-bit kernel (quant_krows_tmpl.h) did 57.
+ */
+#define KZ_SPAN 4    /* blocks per span */
+#define KZ_TOKENS 16 /* tokens per group: eight pairs, four quads */
+
+/* CALL(np) with np a constant from 1 to 8 */
+#define KZ_SWITCH(n, CALL)                                                                       \
+	switch (n) {                                                                               \
+	case 1: CALL(1); break;                                                                    \
+	case 2: CALL(2); break;                                                                    \
+	case 3: CALL(3); break;                                                                    \
+	case 4: CALL(4); break;                                                                    \
+	case 5: CALL(5); break;                                                                    \
+	case 6: CALL(6); break;                                                                    \
+	case 7: CALL(7); break;                                                                    \
+	default: CALL(8); break;                                                                   \
+	}
+
+struct kz_block {
+	int8_t qs[KZ_TOKENS / 2][8][64]; /* pair p, sub-block s: token 2p's 32, then 2p+1's */
+	float dp[KZ_TOKENS / 2][16];     /* pair p: token 2p's y.d x8, then 2p+1's */
+	float dq[KZ_TOKENS / 4][16];     /* quad q: tokens 4q..4q+3's y.d x4 */
+	int16_t q8s[KZ_TOKENS / 4][32];  /* quad q: each token's bsums[2k] + bsums[2k+1] */
+};
+_Static_assert(sizeof(struct kz_block) % 64 == 0, "kz_block");
+
+/* Blocks b0 .. b0 + nbs - 1 of the tn (<= KZ_TOKENS) activation rows at a;
+ * the tokens past tn are zeros (their lanes are computed and dropped). */
+VBMI static void kz_fill(struct kz_block *T, const uint8_t *a, size_t a_stride, unsigned tn,
+			 size_t b0, size_t nbs)
+{
+	if (tn < KZ_TOKENS)
+		memset(T, 0, nbs * sizeof(*T));
+	for (unsigned t = 0; t < tn; t++) {
+		const struct eng_block_q8_k *y = (const struct eng_block_q8_k *)(a + t * a_stride) + b0;
+		const unsigned p = t / 2, h = t % 2, q = t / 4, i = t % 4;
+
+		for (size_t b = 0; b < nbs; b++) {
+			const __m256i bs = _mm256_loadu_si256((const void *)y[b].bsums);
+
+			for (int s = 0; s < 8; s++)
+				_mm256_store_si256((void *)&T[b].qs[p][s][32 * h],
+						   _mm256_loadu_si256((const void *)(y[b].qs + 32 * s)));
+			_mm256_store_ps(&T[b].dp[p][8 * h], _mm256_broadcast_ss(&y[b].d));
+			_mm_store_ps(&T[b].dq[q][4 * i], _mm_broadcast_ss(&y[b].d));
+			_mm_store_si128((void *)&T[b].q8s[q][8 * i],
+					_mm_hadd_epi16(_mm256_castsi256_si128(bs),
+						       _mm256_extracti128_si256(bs, 1)));
+		}
+	}
+}
+
+/* Blocks 0 .. nbs - 1 of row x by np (1 to 8, a constant where inlined)
+ * pairs of tokens from T, into the row's accumulators. */
+VBMI static inline __attribute__((always_inline)) void
+kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs,
+	    const unsigned np, __m512 *acc_io, __m512 *accm_io)
+{
+	const unsigned nq = (np + 1) / 2;
+	const bool two = np <= 4;
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	__m512 acc[KZ_TOKENS / 2], accm[KZ_TOKENS / 4];
+
+	for (unsigned p = 0; p < np; p++)
+		acc[p] = acc_io[p];
+	for (unsigned q = 0; q < nq; q++)
+		accm[q] = accm_io[q];
+	for (size_t b = 0; b < nbs; b++) {
+		const struct eng_block_q4_k *xb = x + b;
+		const __m128i sm = k4_scales_mins(xb->scales);
+		/* dword j: scale j in both int16 halves, for vpdpwssd's broadcast */
+		const __m256i s32 = _mm256_cvtepu8_epi32(sm);
+		int32_t tab[8] __attribute__((aligned(32)));
+		const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64((const void *)&xb->d));
+		const __m512 dv = _mm512_broadcastss_ps(dm);
+		const __m512 dminv = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+		const __m512i mz = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)));
+		/* up to four pairs, two chains a pair (vpdpwssd's latency;
+		 * more would not fit the registers): integers, any order */
+		__m512i sumi[KZ_TOKENS / 2], sumh[KZ_TOKENS / 2];
+
+		_mm256_store_si256((void *)tab, _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16)));
+		_mm_prefetch((const char *)(xb + KZ_SPAN), _MM_HINT_T0);
+		_mm_prefetch((const char *)(xb + KZ_SPAN) + 64, _MM_HINT_T0);
+		_mm_prefetch((const char *)(xb + KZ_SPAN) + 128, _MM_HINT_T0);
+		for (unsigned p = 0; p < np; p++)
+			sumi[p] = sumh[p] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+		for (int j = 0; j < ENG_QK_K / 64; j++) {
+			const __m512i bits = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(xb->qs + 32 * j)));
+			const __m512i ql = _mm512_and_si512(bits, m4);
+			const __m512i qh = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+			const __m512i sl = _mm512_set1_epi32(tab[2 * j]);
+			const __m512i sh = _mm512_set1_epi32(tab[2 * j + 1]);
+
+			for (unsigned p = 0; p < np; p++) {
+				const __m512i yl = _mm512_load_si512(T[b].qs[p][2 * j]);
+				const __m512i yh = _mm512_load_si512(T[b].qs[p][2 * j + 1]);
+
+				sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(ql, yl), sl);
+				if (two)
+					sumh[p] = _mm512_dpwssd_epi32(sumh[p],
+								      _mm512_maddubs_epi16(qh, yh), sh);
+				else
+					sumi[p] = _mm512_dpwssd_epi32(sumi[p],
+								      _mm512_maddubs_epi16(qh, yh), sh);
+			}
+		}
+		for (unsigned p = 0; p < np; p++)
+			acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(T[b].dp[p]), dv),
+						 _mm512_cvtepi32_ps(two ? _mm512_add_epi32(sumi[p], sumh[p])
+								    : sumi[p]),
+						 acc[p]);
+		for (unsigned q = 0; q < nq; q++) {
+			const __m512i m = _mm512_madd_epi16(mz, _mm512_load_si512(T[b].q8s[q]));
+
+			accm[q] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_load_ps(T[b].dq[q]), dminv),
+						   _mm512_cvtepi32_ps(m), accm[q]);
+		}
+	}
+	for (unsigned p = 0; p < np; p++)
+		acc_io[p] = acc[p];
+	for (unsigned q = 0; q < nq; q++)
+		accm_io[q] = accm[q];
+}
+
+/* nrows (8 or 16) rows by nt (2 or more) tokens. */
+VBMI static void kz_q4_k(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
+			 const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	const size_t nb = n / ENG_QK_K;
+	struct kz_block T[KZ_SPAN] __attribute__((aligned(64)));
+	__m512 acc[16][KZ_TOKENS / 2], accm[16][KZ_TOKENS / 4];
+
+	for (unsigned t0 = 0; t0 < nt; t0 += KZ_TOKENS) {
+		const unsigned tn = nt - t0 < KZ_TOKENS ? nt - t0 : KZ_TOKENS;
+		const unsigned np = (tn + 1) / 2;
+
+		for (unsigned r = 0; r < nrows; r++) {
+			for (int p = 0; p < KZ_TOKENS / 2; p++)
+				acc[r][p] = _mm512_setzero_ps();
+			for (int q = 0; q < KZ_TOKENS / 4; q++)
+				accm[r][q] = _mm512_setzero_ps();
+		}
+		for (size_t b0 = 0; b0 < nb; b0 += KZ_SPAN) {
+			const size_t nbs = nb - b0 < KZ_SPAN ? nb - b0 : KZ_SPAN;
+
+			kz_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs);
+			for (unsigned r = 0; r < nrows; r++) {
+				const struct eng_block_q4_k *x =
+					(const struct eng_block_q4_k *)((const uint8_t *)w +
+									r * stride) + b0;
+
+#define CALL(k) kz_q4_k_row(x, T, nbs, k, acc[r], accm[r])
+				KZ_SWITCH(np, CALL)
+#undef CALL
+			}
+		}
+		/* each token's lanes reduced as vec_dot_q4_k_q8_k_vnni does */
+		for (unsigned r = 0; r < nrows; r++) {
+			float l[KZ_TOKENS / 2][16], m[KZ_TOKENS / 4][16];
+
+			for (int p = 0; p < KZ_TOKENS / 2; p++)
+				_mm512_storeu_ps(l[p], acc[r][p]);
+			for (int q = 0; q < KZ_TOKENS / 4; q++)
+				_mm512_storeu_ps(m[q], accm[r][q]);
+			for (unsigned t = 0; t < tn; t++) {
+				const float *x = &l[t / 2][8 * (t % 2)], *y = &m[t / 4][4 * (t % 4)];
+
+				out[(t0 + t) * out_stride + r] =
+					(((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]))) +
+					((y[0] + y[2]) + (y[1] + y[3]));
+			}
+		}
+	}
+}
+
+VBMI static void vec_dot16_q4_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
+					   const void *w, size_t stride, const void *a,
+					   size_t a_stride)
+{
+	if (nt == 1) { /* decoding: nothing to share */
+		for (int r = 0; r < 16; r++)
+			out[r] = dot1_q4_k(n, (const void *)((const uint8_t *)w + r * stride), a);
+		return;
+	}
+	kz_q4_k(n, 16, nt, out, out_stride, w, stride, a, a_stride);
+}
+
 /* Decoding (one token): the eight rows one after the other with the VBMI
- * kernel; a prompt's tokens: the VNNI kernel that shares each block
- * between them (quant_krows_tmpl.h), bit-identical to this one. */
+ * kernel; two tokens or more: kz_q4_k, which shares each block between
+ * them, bit-identical to this one. */
 VBMI static void vec_dot8_q4_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
 					  const void *w, size_t stride, const void *a,
 					  size_t a_stride)
 {
 	if (nt > 1) {
-		vec_dot8_q4_k_q8_k_vnni(n, nt, out, out_stride, w, stride, a, a_stride);
+		kz_q4_k(n, 8, nt, out, out_stride, w, stride, a, a_stride);
 		return;
 	}
 	for (int r = 0; r < 8; r++)
@@ -723,8 +940,10 @@ BASELINE static void avx512_init(void)
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
 	avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vnni;
 	avx512.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_vnni;
-	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi"))
+	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi")) {
 		avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vbmi;
+		avx512.vec_dot16[ENG_TYPE_Q4_K] = vec_dot16_q4_k_q8_k_vbmi;
+	}
 	avx512bf16_ok = __builtin_cpu_supports("avx512bf16");
 	if (avx512bf16_ok) {
 		avx512bf16 = avx512;
