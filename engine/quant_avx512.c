@@ -640,10 +640,14 @@ struct kz_block {
 _Static_assert(sizeof(struct kz_block) % 64 == 0, "kz_block");
 
 /* Blocks b0 .. b0 + nbs - 1 of the tn (<= KZ_TOKENS) activation rows at a;
- * the tokens past tn are zeros (their lanes are computed and dropped). */
+ * the tokens past tn are zeros (their lanes are computed and dropped).
+ * For Q6_K (six) the quants go in as y + 128 (y ^ 0x80), unsigned. */
 VBMI static void kz_fill(struct kz_block *T, const uint8_t *a, size_t a_stride, unsigned tn,
-			 size_t b0, size_t nbs)
+			 size_t b0, size_t nbs, bool six)
 {
+	/* Q6_K reads the quants as unsigned, y + 128 (kz_q6_k_row) */
+	const __m256i flip = _mm256_set1_epi8(six ? (char)0x80 : 0);
+
 	if (tn < KZ_TOKENS)
 		memset(T, 0, nbs * sizeof(*T));
 	for (unsigned t = 0; t < tn; t++) {
@@ -655,7 +659,8 @@ VBMI static void kz_fill(struct kz_block *T, const uint8_t *a, size_t a_stride, 
 
 			for (int s = 0; s < 8; s++)
 				_mm256_store_si256((void *)&T[b].qs[p][s][32 * h],
-						   _mm256_loadu_si256((const void *)(y[b].qs + 32 * s)));
+						   _mm256_xor_si256(flip, _mm256_loadu_si256(
+									  (const void *)(y[b].qs + 32 * s))));
 			_mm256_store_ps(&T[b].dp[p][8 * h], _mm256_broadcast_ss(&y[b].d));
 			_mm_store_ps(&T[b].dq[q][4 * i], _mm_broadcast_ss(&y[b].d));
 			_mm_store_si128((void *)&T[b].q8s[q][8 * i],
@@ -740,9 +745,114 @@ kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs
 		accm_io[q] = accm[q];
 }
 
-/* nrows (8 or 16) rows by nt (2 or more) tokens. */
-VBMI static void kz_q4_k(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
-			 const void *w, size_t stride, const void *a, size_t a_stride)
+/*
+ * Q6_K the same way (kz_q4_k's comment): each row and token bit-identical to
+ * vec_dot_q6_k_q8_k_vnni, whose lane k of a block is sum over the eight
+ * 32-element chunks of scale * (q - 32) * y over elements 4k..4k+3 of the
+ * chunk (the chunk's first 16 elements have one scale, its last 16 the
+ * next).  vpmaddubsw wants one operand unsigned: here the activations, as
+ * y + 128 (kz_fill), against q - 32 signed, and
+ *   sum s (q - 32) y = sum s (q - 32) (y + 128) - 128 sum s (q - 32)
+ * where the last sum depends on the row alone: it is computed once per
+ * block, as for one more token whose y + 128 are all 128, and taken from
+ * every token's lanes.  The int16 products stay
+ * within +-16320 (255 * 32 * 2): vpmaddubsw never saturates.  The scales of
+ * a chunk are put in place by one broadcast load from a table of the
+ * block's 16 scales, each widened to eight int16 (4 vpermw).
+ */
+VBMI static inline __attribute__((always_inline)) void
+kz_q6_k_row(const struct eng_block_q6_k *x, const struct kz_block *T, size_t nbs,
+	    const unsigned np, __m512 *acc_io)
+{
+	const bool two = np <= 4;
+	const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+	const __m512i m32 = _mm512_set1_epi8(32), u128 = _mm512_set1_epi8((char)0x80);
+	__m512 acc[KZ_TOKENS / 2];
+
+	for (unsigned p = 0; p < np; p++)
+		acc[p] = acc_io[p];
+	for (size_t b = 0; b < nbs; b++) {
+		const struct eng_block_q6_k *xb = x + b;
+		const __m512i sc16 = _mm512_zextsi256_si512(
+			_mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)xb->scales)));
+		/* tab + 32 g: chunk g's two scales, each as eight int16 */
+		int16_t tab[16 * 8] __attribute__((aligned(64)));
+		const __m512 dv = _mm512_set1_ps(fp16(xb->d));
+		__m512i sumi[KZ_TOKENS / 2], sumh[KZ_TOKENS / 2], corr = _mm512_setzero_si512();
+
+		for (int c = 0; c < 4; c++) {
+			/* word w of vector c: scale 4c + w / 8 */
+			const __m512i idx = _mm512_add_epi16(
+				_mm512_set1_epi16((short)(4 * c)),
+				_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
+								   21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
+								   11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+						  3));
+
+			_mm512_store_si512(tab + 32 * c, _mm512_permutexvar_epi16(idx, sc16));
+		}
+		for (int l = 0; l < 4; l++)
+			_mm_prefetch((const char *)(xb + KZ_SPAN) + 64 * l, _MM_HINT_T0);
+		for (unsigned p = 0; p < np; p++)
+			sumi[p] = sumh[p] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+		for (int h = 0; h < ENG_QK_K / 128; h++) {
+			const __m512i b1 = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(xb->ql + 64 * h)));
+			const __m512i b2 = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(xb->ql + 64 * h + 32)));
+			const __m512i bh = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(xb->qh + 32 * h)));
+			/* the 6-bit quants of chunks 4h .. 4h + 3 (q6_k_unpack), minus 32 */
+			const __m512i q[4] = {
+				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
+							b1, m4, _mm512_and_si512(_mm512_slli_epi16(bh, 4), m30), 0xea),
+						m32),
+				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
+							b2, m4, _mm512_and_si512(_mm512_slli_epi16(bh, 2), m30), 0xea),
+						m32),
+				_mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), m4,
+									  _mm512_and_si512(bh, m30), 0xea),
+						m32),
+				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
+							_mm512_srli_epi16(b2, 4), m4,
+							_mm512_and_si512(_mm512_srli_epi16(bh, 2), m30), 0xea),
+						m32),
+			};
+
+#pragma GCC unroll 4
+			for (int k = 0; k < 4; k++) {
+				const int g = 4 * h + k;
+				const __m512i sg = _mm512_broadcast_i64x4(
+					_mm256_load_si256((const void *)(tab + 16 * g)));
+
+				corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(u128, q[k]), sg);
+				for (unsigned p = 0; p < np; p++) {
+					const __m512i yk = _mm512_load_si512(T[b].qs[p][g]);
+					const __m512i p16 = _mm512_maddubs_epi16(yk, q[k]);
+
+					if (two && (k & 1))
+						sumh[p] = _mm512_dpwssd_epi32(sumh[p], p16, sg);
+					else
+						sumi[p] = _mm512_dpwssd_epi32(sumi[p], p16, sg);
+				}
+			}
+		}
+		for (unsigned p = 0; p < np; p++) {
+			const __m512i s = two ? _mm512_add_epi32(sumi[p], sumh[p]) : sumi[p];
+
+			acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(T[b].dp[p]), dv),
+						 _mm512_cvtepi32_ps(_mm512_sub_epi32(s, corr)), acc[p]);
+		}
+	}
+	for (unsigned p = 0; p < np; p++)
+		acc_io[p] = acc[p];
+}
+
+/* nrows (8 or 16) rows of Q4_K (Q6_K if six) by nt (2 or more) tokens. */
+VBMI static inline __attribute__((always_inline)) void
+kz_rows(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride, const void *w,
+	size_t stride, const void *a, size_t a_stride, const bool six)
 {
 	const size_t nb = n / ENG_QK_K;
 	struct kz_block T[KZ_SPAN] __attribute__((aligned(64)));
@@ -761,18 +871,29 @@ VBMI static void kz_q4_k(size_t n, unsigned nrows, unsigned nt, float *out, size
 		for (size_t b0 = 0; b0 < nb; b0 += KZ_SPAN) {
 			const size_t nbs = nb - b0 < KZ_SPAN ? nb - b0 : KZ_SPAN;
 
-			kz_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs);
+			kz_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs, six);
 			for (unsigned r = 0; r < nrows; r++) {
-				const struct eng_block_q4_k *x =
-					(const struct eng_block_q4_k *)((const uint8_t *)w +
-									r * stride) + b0;
+				const uint8_t *row = (const uint8_t *)w + r * stride;
+
+				if (six) {
+					const struct eng_block_q6_k *x =
+						(const struct eng_block_q6_k *)row + b0;
+
+#define CALL(k) kz_q6_k_row(x, T, nbs, k, acc[r])
+					KZ_SWITCH(np, CALL)
+#undef CALL
+				} else {
+					const struct eng_block_q4_k *x =
+						(const struct eng_block_q4_k *)row + b0;
 
 #define CALL(k) kz_q4_k_row(x, T, nbs, k, acc[r], accm[r])
-				KZ_SWITCH(np, CALL)
+					KZ_SWITCH(np, CALL)
 #undef CALL
+				}
 			}
 		}
-		/* each token's lanes reduced as vec_dot_q4_k_q8_k_vnni does */
+		/* each token's lanes reduced as vec_dot_q4_k_q8_k_vnni
+		 * (vec_dot_q6_k_q8_k_vnni: no mins) does */
 		for (unsigned r = 0; r < nrows; r++) {
 			float l[KZ_TOKENS / 2][16], m[KZ_TOKENS / 4][16];
 
@@ -783,12 +904,26 @@ VBMI static void kz_q4_k(size_t n, unsigned nrows, unsigned nt, float *out, size
 			for (unsigned t = 0; t < tn; t++) {
 				const float *x = &l[t / 2][8 * (t % 2)], *y = &m[t / 4][4 * (t % 4)];
 
+				const float lanes = ((x[0] + x[4]) + (x[2] + x[6])) +
+						    ((x[1] + x[5]) + (x[3] + x[7]));
+
 				out[(t0 + t) * out_stride + r] =
-					(((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]))) +
-					((y[0] + y[2]) + (y[1] + y[3]));
+					six ? lanes : lanes + ((y[0] + y[2]) + (y[1] + y[3]));
 			}
 		}
 	}
+}
+
+VBMI static void kz_q4_k(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
+			 const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	kz_rows(n, nrows, nt, out, out_stride, w, stride, a, a_stride, false);
+}
+
+VBMI static void kz_q6_k(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
+			 const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	kz_rows(n, nrows, nt, out, out_stride, w, stride, a, a_stride, true);
 }
 
 VBMI static void vec_dot16_q4_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
@@ -870,6 +1005,32 @@ VNNI static void vec_dot_q6_k_q8_k_vnni(size_t n, float *out, const void *w, con
 	*out = hsum_f32x8(acc);
 }
 
+/* Q6_K: decoding (one token) with the one-row kernel, row after row; two
+ * tokens or more: kz_q6_k, bit-identical to it. */
+VBMI static void vec_dot8_q6_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
+					  const void *w, size_t stride, const void *a,
+					  size_t a_stride)
+{
+	if (nt > 1) {
+		kz_q6_k(n, 8, nt, out, out_stride, w, stride, a, a_stride);
+		return;
+	}
+	for (int r = 0; r < 8; r++)
+		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
+}
+
+VBMI static void vec_dot16_q6_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
+					   const void *w, size_t stride, const void *a,
+					   size_t a_stride)
+{
+	if (nt > 1) {
+		kz_q6_k(n, 16, nt, out, out_stride, w, stride, a, a_stride);
+		return;
+	}
+	for (int r = 0; r < 16; r++)
+		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
+}
+
 /* ---- BF16 ------------------------------------------------------------- */
 
 #define BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bf16")))
@@ -943,6 +1104,8 @@ BASELINE static void avx512_init(void)
 	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi")) {
 		avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vbmi;
 		avx512.vec_dot16[ENG_TYPE_Q4_K] = vec_dot16_q4_k_q8_k_vbmi;
+		avx512.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_vbmi;
+		avx512.vec_dot16[ENG_TYPE_Q6_K] = vec_dot16_q6_k_q8_k_vbmi;
 	}
 	avx512bf16_ok = __builtin_cpu_supports("avx512bf16");
 	if (avx512bf16_ok) {
