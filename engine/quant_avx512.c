@@ -604,18 +604,21 @@ static void vec_dot8_q4_k_q8_k_vnni(size_t n, unsigned nt, float *out, size_t ou
  * work in fewer instructions.
  *
  * The activations are rearranged for this once per call, for a span of
- * KZ_SPAN blocks at a time (20 KB, so they stay in L1 while every row of the
- * call reads them): struct kz_block holds a block of sixteen tokens, the
- * quants of each pair interleaved by sub-block, the scales (y.d) spread to
- * the lanes of their token, and the bsums' pair sums the mins need.  Each
- * row's accumulators wait in memory between spans, so each lane still adds
- * its blocks in order and the bits do not change.  Eight pairs share each
- * unpacked block (four with two chains each: 76 GMAC/s on one core, eight
- * with one: 83, 512 rows of 4096 by 64 tokens, from L2); the scales go to
- * vpdpwssd from registers, not as a broadcast memory operand, which made the
- * loop wait on loads.  The 256-bit kernel (quant_krows_tmpl.h) did 57.
+ * KZ_SPAN blocks at a time: struct kz_block holds a block of sixteen
+ * tokens, the quants of each pair interleaved by sub-block, the scales
+ * (y.d) spread to the lanes of their token, and the bsums' pair sums the
+ * mins need.  Two blocks (10 KB) so that they, the activation rows they come
+ * from, the rows' blocks and the accumulators fit in L1 together: with spans
+ * of 4 blocks the rearranging took 17% of the kernel's time in a model's
+ * prompt, with 2 14% (it is done for every 16 rows).  Each row's
+ * accumulators wait in memory between spans, so each lane still adds its
+ * blocks in order and the bits do not change.  Eight pairs share each
+ * unpacked block (four, with two chains each: 76 GMAC/s on one core; eight
+ * with one: 83; 512 rows of 4096 by 64 tokens, from L2; the 256-bit kernel
+ * of quant_krows_tmpl.h: 57).  The scales come from registers (vpbroadcastd
+ * per sub-block): as a broadcast memory operand of vpdpwssd it ran the same.
  */
-#define KZ_SPAN 4    /* blocks per span */
+#define KZ_SPAN 2    /* blocks per span */
 #define KZ_TOKENS 16 /* tokens per group: eight pairs, four quads */
 
 /* CALL(np) with np a constant from 1 to 8 */
