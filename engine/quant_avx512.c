@@ -333,7 +333,9 @@ VNNI static void vec_dot16_q4_0_r16_vnni(size_t n, unsigned nt, float *out, size
  * which all rows share.  Exact for any bytes.  Eight rows mean eight
  * independent FMA chains and the activation work done once; the rows are
  * prefetched linearly two calls ahead as for Q4_0 (272 bytes per block).
- * Two tokens at a time: sixteen accumulators.
+ * Decoding (one token) only: a prompt's tokens go to kq_q8_0 below, two
+ * tokens a 512-bit vector (up to two at a time here, a prompt ran at 0.58x
+ * llama.cpp's AVX-512 build).
  */
 VNNI static inline __attribute__((always_inline)) void
 dot8_q8_0_vnni(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
@@ -386,21 +388,6 @@ dot8_q8_0_vnni(size_t n, const unsigned nt, float *out, size_t out_stride, const
 	for (unsigned t = 0; t < nt; t++)
 		for (int r = 0; r < 8; r++)
 			out[t * out_stride + r] = hsum_f32x8(acc[t][r]);
-}
-
-VNNI static void vec_dot8_q8_0_q8_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
-					  const void *w, size_t stride, const void *a,
-					  size_t a_stride)
-{
-	for (unsigned t0 = 0; t0 < nt; t0 += 2) {
-		float *o = out + t0 * out_stride;
-		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
-
-		if (nt - t0 == 1)
-			dot8_q8_0_vnni(n, 1, o, out_stride, w, stride, y, a_stride);
-		else
-			dot8_q8_0_vnni(n, 2, o, out_stride, w, stride, y, a_stride);
-	}
 }
 
 /* ---- Q4_K, Q6_K ------------------------------------------------------- */
@@ -1034,6 +1021,148 @@ VBMI static void vec_dot16_q6_k_q8_k_vbmi(size_t n, unsigned nt, float *out, siz
 		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
 }
 
+/*
+ * Q8_0 by a prompt's tokens (vec_dot16, and vec_dot8 for two tokens or
+ * more), two tokens a 512-bit vector as for the K-quants (kz_q4_k): each
+ * row and token bit-identical to dot8_q8_0_vnni, whose lane k of a block is
+ * the exact sum of elements 4k..4k+3, converted and added to its float lane
+ * with d = x.d * y.d by one FMA.  A row's block, biased to unsigned
+ * (x + 128), is broadcast to both halves once for all the tokens, and one
+ * vpdpbusd, started from the pair's -128 * (lane sums of y), leaves both
+ * tokens' lanes; with the product of the scales, the conversion and the FMA
+ * that is four instructions for 64 products where the 256-bit kernel took
+ * four (the scale's permute among them) for 32.  The pairs' quants, lane
+ * sums and scales are laid out once per call, KQ_SPAN blocks at a time.
+ */
+#define KQ_SPAN 8 /* blocks per span: 12 KB */
+
+struct kq_block {
+	int8_t qs[KZ_TOKENS / 2][64];     /* pair p: token 2p's 32 quants, then 2p+1's */
+	int32_t base[KZ_TOKENS / 2][16];  /* the same: -128 * each lane's four quants */
+	float dy[KZ_TOKENS / 2][16];      /* the same: y.d x8 */
+};
+_Static_assert(sizeof(struct kq_block) % 64 == 0, "kq_block");
+
+VNNI static void kq_fill(struct kq_block *T, const uint8_t *a, size_t a_stride, unsigned tn,
+			 size_t b0, size_t nbs)
+{
+	const __m256i bias = _mm256_set1_epi8((char)0x80);
+
+	if (tn < KZ_TOKENS)
+		memset(T, 0, nbs * sizeof(*T));
+	for (unsigned t = 0; t < tn; t++) {
+		const struct eng_block_q8_0 *y = (const struct eng_block_q8_0 *)(a + t * a_stride) + b0;
+		const unsigned p = t / 2, h = t % 2;
+
+		for (size_t b = 0; b < nbs; b++) {
+			const __m256i qy = _mm256_loadu_si256((const void *)y[b].qs);
+
+			_mm256_store_si256((void *)&T[b].qs[p][32 * h], qy);
+			_mm256_store_si256((void *)&T[b].base[p][8 * h],
+					   _mm256_sub_epi32(_mm256_setzero_si256(),
+							    _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+										bias, qy)));
+			_mm256_store_ps(&T[b].dy[p][8 * h], fp16x8(y[b].d));
+		}
+	}
+}
+
+/* Blocks 0 .. nbs - 1 of row x by np (1 to 8, a constant where inlined)
+ * pairs of tokens from T. */
+VNNI static inline __attribute__((always_inline)) void
+kq_row(const struct eng_block_q8_0 *x, const struct kq_block *T, size_t nbs, const unsigned np,
+       __m512 *acc_io)
+{
+	const __m512i bias = _mm512_set1_epi8((char)0x80);
+	__m512 acc[KZ_TOKENS / 2];
+
+	for (unsigned p = 0; p < np; p++)
+		acc[p] = acc_io[p];
+	for (size_t b = 0; b < nbs; b++) {
+		const __m512i wq = _mm512_xor_si512(
+			bias, _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)x[b].qs)));
+		const __m512 dx = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(x[b].d)));
+
+		_mm_prefetch((const char *)(x + b + KQ_SPAN), _MM_HINT_T0);
+		for (unsigned p = 0; p < np; p++) {
+			const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(T[b].base[p]), wq,
+							      _mm512_load_si512(T[b].qs[p]));
+
+			acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_load_ps(T[b].dy[p])),
+						 _mm512_cvtepi32_ps(s), acc[p]);
+		}
+	}
+	for (unsigned p = 0; p < np; p++)
+		acc_io[p] = acc[p];
+}
+
+/* nrows (8 or 16) rows by nt (2 or more) tokens. */
+VNNI static void kq_q8_0(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
+			 const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	const size_t nb = n / ENG_QK8_0;
+	struct kq_block T[KQ_SPAN] __attribute__((aligned(64)));
+	__m512 acc[16][KZ_TOKENS / 2];
+
+	for (unsigned t0 = 0; t0 < nt; t0 += KZ_TOKENS) {
+		const unsigned tn = nt - t0 < KZ_TOKENS ? nt - t0 : KZ_TOKENS;
+		const unsigned np = (tn + 1) / 2;
+
+		for (unsigned r = 0; r < nrows; r++)
+			for (int p = 0; p < KZ_TOKENS / 2; p++)
+				acc[r][p] = _mm512_setzero_ps();
+		for (size_t b0 = 0; b0 < nb; b0 += KQ_SPAN) {
+			const size_t nbs = nb - b0 < KQ_SPAN ? nb - b0 : KQ_SPAN;
+
+			kq_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs);
+			for (unsigned r = 0; r < nrows; r++) {
+				const struct eng_block_q8_0 *x =
+					(const struct eng_block_q8_0 *)((const uint8_t *)w + r * stride) +
+					b0;
+
+#define CALL(k) kq_row(x, T, nbs, k, acc[r])
+				KZ_SWITCH(np, CALL)
+#undef CALL
+			}
+		}
+		for (unsigned r = 0; r < nrows; r++) {
+			float l[KZ_TOKENS / 2][16];
+
+			for (int p = 0; p < KZ_TOKENS / 2; p++)
+				_mm512_storeu_ps(l[p], acc[r][p]);
+			for (unsigned t = 0; t < tn; t++) {
+				const float *x = &l[t / 2][8 * (t % 2)];
+
+				/* hsum_f32x8's order */
+				out[(t0 + t) * out_stride + r] = ((x[0] + x[4]) + (x[2] + x[6])) +
+								 ((x[1] + x[5]) + (x[3] + x[7]));
+			}
+		}
+	}
+}
+
+VNNI static void vec_dot8_q8_0_zmm(size_t n, unsigned nt, float *out, size_t out_stride,
+				   const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	if (nt == 1) { /* decoding: the rows side by side */
+		dot8_q8_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride);
+		return;
+	}
+	kq_q8_0(n, 8, nt, out, out_stride, w, stride, a, a_stride);
+}
+
+VNNI static void vec_dot16_q8_0_zmm(size_t n, unsigned nt, float *out, size_t out_stride,
+				    const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	if (nt == 1) {
+		dot8_q8_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride);
+		dot8_q8_0_vnni(n, 1, out + 8, out_stride, (const uint8_t *)w + 8 * stride, stride, a,
+			       a_stride);
+		return;
+	}
+	kq_q8_0(n, 16, nt, out, out_stride, w, stride, a, a_stride);
+}
+
 /* ---- BF16 ------------------------------------------------------------- */
 
 #define BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bf16")))
@@ -1098,7 +1227,8 @@ BASELINE static void avx512_init(void)
 	avx512.vec_dot16[ENG_TYPE_Q4_0] = vec_dot16_q4_0_vnni;
 	avx512.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16_vnni;
 	avx512.pack8[ENG_TYPE_Q4_0_R16] = base->pack8[ENG_TYPE_Q4_0]; /* AVX2's */
-	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0_vnni;
+	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_zmm;
+	avx512.vec_dot16[ENG_TYPE_Q8_0] = vec_dot16_q8_0_zmm;
 	avx512.pack8[ENG_TYPE_Q8_0] = NULL; /* it reads the Q8_0 rows */
 	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
