@@ -6,7 +6,8 @@
  * own target attribute, and the table set-up is built for the baseline, so
  * nothing in this file runs on a CPU without AVX-512 VNNI.  256-bit vectors
  * where the work fits them: Zen 4 splits 512-bit operations in two.  The
- * Q4_0 kernel is the exception, for the reason given there.
+ * exceptions, for the reasons given there: the Q4_0 kernel, and the
+ * prompt kernels of Q4_K, Q6_K and Q8_0 (two tokens a vector).
  *
  * Numerics: every kernel gives the bits of the AVX2 kernel it replaces
  * (tests/test_quant.c checks each against it, and the Q4_0 ones against
