@@ -1210,7 +1210,7 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
 
 /* The AVX2 set with the kernels AVX-512 VNNI speeds up. */
 static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
-static struct eng_kernels avx512, avx512bf16;
+static struct eng_kernels avx512, avx512bf16, avx512_novbmi;
 static bool avx512_ok, avx512bf16_ok;
 
 BASELINE static void avx512_init(void)
@@ -1235,6 +1235,8 @@ BASELINE static void avx512_init(void)
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
 	avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vnni;
 	avx512.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_vnni;
+	avx512_novbmi = avx512;
+	avx512_novbmi.isa = "avx512-novbmi";
 	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi")) {
 		avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vbmi;
 		avx512.vec_dot16[ENG_TYPE_Q4_K] = vec_dot16_q4_k_q8_k_vbmi;
@@ -1259,4 +1261,10 @@ BASELINE const struct eng_kernels *eng_kernels_avx512bf16(void)
 {
 	pthread_once(&avx512_once, avx512_init);
 	return avx512bf16_ok ? &avx512bf16 : NULL;
+}
+
+BASELINE const struct eng_kernels *eng_kernels_avx512_novbmi(void)
+{
+	pthread_once(&avx512_once, avx512_init);
+	return avx512_ok ? &avx512_novbmi : NULL;
 }

@@ -1157,6 +1157,9 @@ int main(void)
 		if (eng_kernels_avx512()) {
 			test_same_bits(eng_kernels_avx512(), avx2);
 			test_vec_dot8(eng_kernels_avx512());
+			/* what a VNNI CPU without VBMI runs */
+			test_same_bits(eng_kernels_avx512_novbmi(), avx2);
+			test_vec_dot8(eng_kernels_avx512_novbmi());
 		}
 		else
 			printf("skip - avx512 vec_dot8: the CPU lacks AVX-512 VNNI\n");
