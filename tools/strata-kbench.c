@@ -11,8 +11,8 @@
  * else row by row.  Prints the best of R passes.  Defaults: the avx512 set,
  * Q4_K, 64 tokens, 4096 columns, 512 rows (about 1 MB of Q4_K: from L2),
  * 5 passes.  Pin it (taskset -c 1) and run it under the benchmark lock.
- * SET is scalar, avx2, avx512 or avx512-novbmi; TYPE is Q4_0, Q8_0, Q4_K,
- * Q5_K or Q6_K.  Exit status 2 for a bad argument or a set this CPU lacks.
+ * SET is scalar, avx2, avx512 or avx512-novbmi; TYPE is Q4_0, Q4_0_R16, Q8_0,
+ * Q4_K, Q5_K or Q6_K.  Exit status 2 for a bad argument or a set this CPU lacks.
  */
 #include "quant.h"
 
@@ -117,14 +117,15 @@ int main(int argc, char **argv)
 	for (uint32_t t = 0; t < ENG_TYPE_COUNT; t++) {
 		const struct eng_type_info *ti = eng_type_info(t);
 
-		if (ti && ti->supported && ti->row_group == 1 && !strcmp(ti->name, tname))
+		if (ti && ti->supported && (ti->row_group == 1 || t == ENG_TYPE_Q4_0_R16) &&
+		    !strcmp(ti->name, tname))
 			type = t;
 	}
 	if (!k)
 		return usage("no such kernel set on this CPU");
 	if (type == ENG_TYPE_COUNT || type == ENG_TYPE_F32 || type == ENG_TYPE_F16 ||
 	    type == ENG_TYPE_BF16)
-		return usage("the type is not one of Q4_0, Q8_0, Q4_K, Q5_K, Q6_K");
+		return usage("the type is not one of Q4_0, Q4_0_R16, Q8_0, Q4_K, Q5_K, Q6_K");
 	rows = (rows + 15) / 16 * 16;
 
 	const struct eng_type_info *ti = eng_type_info(type);
@@ -143,7 +144,17 @@ int main(int argc, char **argv)
 	uint32_t s = 777;
 	double best = 1e30;
 
-	fill_weights(type, w, rb * rows);
+	if (type == ENG_TYPE_Q4_0_R16) {
+		/* Q4_0 rows, interleaved by 16 as strata-repack writes them */
+		uint8_t *q = xalloc(rb * rows);
+
+		fill_weights(ENG_TYPE_Q4_0, q, rb * rows);
+		for (unsigned long r = 0; r < rows; r += 16)
+			eng_q4_0_to_r16(q + r * rb, rb, n, w + r * rb);
+		free(q);
+	} else {
+		fill_weights(type, w, rb * rows);
+	}
 	for (unsigned long t = 0; t < nt; t++) {
 		for (unsigned long i = 0; i < n; i++) {
 			s = s * 1664525u + 1013904223u;
