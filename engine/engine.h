@@ -359,6 +359,23 @@ unsigned eng_cpu_count(void);
 /* How many of g's tensors strata-repack would turn into Q4_0_R16 (repack.h). */
 uint64_t eng_n_repackable(const struct gguf *g);
 
+/*
+ * Whether that repack pays on this CPU, measured: c's model's Q4_0 layer
+ * matrices (the first layers' ones, 64 MiB or more where the model has them,
+ * so the reads come from memory as in decoding), times one token on c's
+ * kernels and threads, against a Q4_0_R16 copy of them made here and freed
+ * before returning; the fastest of a few timings of each, alternated.
+ * *gain is the Q4_0 time over the Q4_0_R16 time (above 1: the repacked file
+ * decodes faster here).  0, -ENOENT when the model has no such matrix, or
+ * -ENOMEM.  It allocates as much as the matrices it times: not for a
+ * process that runs under a tight memory limit.
+ */
+int eng_ctx_repack_gain(struct eng_ctx *c, double *gain);
+
+/* The kernel set this process computes with: "scalar", "avx2", "avx512",
+ * "avx512bf16" (STRATA_ISA, else the best this CPU has). */
+const char *eng_isa_name(void);
+
 /* Map a file read-only (MAP_SHARED); 0 or -errno. */
 int eng_map_file(const char *path, const void **base, size_t *size);
 void eng_unmap_file(const void *base, size_t size);

@@ -19,6 +19,8 @@
  */
 #include "quant.h"
 
+#include "engine.h"
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -240,4 +242,9 @@ const struct eng_kernels *eng_kernels_get(void)
 {
 	pthread_once(&kernels_once, kernels_init);
 	return kernels_best;
+}
+
+const char *eng_isa_name(void)
+{
+	return eng_kernels_get()->isa;
 }

@@ -415,68 +415,88 @@ dot8_q4_0_avx2(size_t n, const unsigned nt, float *out, size_t out_stride, const
 }
 
 /*
- * Q4_0_R16 (quant.h) with AVX2: rows 8h .. 8h + 7 of a block are the half h
- * of each qs[k], lane r = dword k of row 8h + r, so the dword-k activations
- * broadcast meet every row's elements 4k .. 4k + 3 (low nibbles) and
- * 16 + 4k .. (high) in its own lane: maddubs and madd leave row r's sum in
- * lane r, no reduction tree.  Each sum starts from -8 * sum(y), computed once
- * per block and token.  The same exact block sum and fmaf(sum, d_x * d_y,
- * acc) per block as vec_dot_q4_0_q8_0, so the same bits.
- *
- * One token at a time, both halves in one pass over the run: a fallback for
- * CPUs without AVX-512 VNNI (quant_avx512.c has the fast one), written for
- * clarity over the last percent.
+ * Q4_0_R16 (quant.h) with AVX2: the order dot8_q4_0_avx2 builds, already
+ * made.  Rows 8h .. 8h + 7 of a block are the half h of each qs[k], lane r =
+ * dword k of row 8h + r, which is q4_0_load8's V_k with no loads to gather
+ * and no transpose, and the half's eight scales lie side by side for one
+ * cvtph.  The 16 rows are one run read front to back, which the hardware
+ * prefetcher follows, so no software prefetch.  The rest is
+ * dot8_q4_0_avx2's: the nibbles unpacked once for up to eight packed
+ * (pack8) tokens, eight maddubs and one madd per token and half, one FMA in
+ * block order per row: the same bits as vec_dot_q4_0_q8_0.
  */
+static inline __attribute__((always_inline)) void
+r16_load8(struct q4_0_x8 *x, const struct eng_block_q4_0_r16 *b, int h)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+
+	for (int k = 0; k < 4; k++) {
+		const __m256i v = _mm256_loadu_si256((const void *)&b->qs[k][32 * h]);
+
+		x->lo[k] = _mm256_and_si256(v, m4);
+		x->hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+	}
+	x->d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)&b->d[8 * h]));
+}
+
+static inline __attribute__((always_inline)) void
+dot16_q4_0_r16_avx2(size_t n, const unsigned nt, float *out, size_t out_stride,
+		    const struct eng_block_q4_0_r16 *xb, const uint8_t *act, size_t a_stride)
+{
+	const __m256i ones = _mm256_set1_epi16(1);
+	__m256 acc[2][Q4_0_NT_AVX2];
+
+	for (unsigned t = 0; t < nt; t++)
+		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
+		for (int h = 0; h < 2; h++) {
+			struct q4_0_x8 x;
+
+			r16_load8(&x, &xb[ib], h);
+			for (unsigned t = 0; t < nt; t++) {
+				const struct q8_0s *y =
+					(const struct q8_0s *)(act + t * a_stride) + ib;
+				__m256i p16 = _mm256_setzero_si256();
+
+				for (int k = 0; k < 4; k++) {
+					p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
+						x.lo[k], _mm256_set1_epi32(y->qs[k])));
+					p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
+						x.hi[k], _mm256_set1_epi32(y->qs[4 + k])));
+				}
+				const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
+								   _mm256_set1_epi32(y->base));
+
+				acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+							    _mm256_mul_ps(x.d, _mm256_set1_ps(y->d)),
+							    acc[h][t]);
+			}
+		}
+	}
+	for (unsigned t = 0; t < nt; t++) {
+		_mm256_storeu_ps(out + t * out_stride, acc[0][t]);
+		_mm256_storeu_ps(out + t * out_stride + 8, acc[1][t]);
+	}
+}
+
 static void vec_dot16_q4_0_r16(size_t n, unsigned nt, float *out, size_t out_stride,
 			       const void *w, size_t stride, const void *a, size_t a_stride)
 {
-	const struct eng_block_q4_0_r16 *x = w;
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	const __m256i ones8 = _mm256_set1_epi8(1);
-	const __m256i ones = _mm256_set1_epi16(1);
-
 	(void)stride; /* the 16 rows are one run */
-	for (unsigned t = 0; t < nt; t++) {
-		const struct eng_block_q8_0 *y =
-			(const struct eng_block_q8_0 *)((const uint8_t *)a + t * a_stride);
-		__m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+	for (unsigned t0 = 0; t0 < nt; t0 += Q4_0_NT_AVX2) {
+		float *o = out + t0 * out_stride;
+		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
 
-		for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
-			const __m256i yv = _mm256_loadu_si256((const void *)y[ib].qs);
-			const int32_t sumy = hsum_i32x8(
-				_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, yv), ones));
-			const __m256 dy = _mm256_set1_ps(fp16(y[ib].d));
-			__m256i s[2] = { _mm256_set1_epi32(-8 * sumy), _mm256_set1_epi32(-8 * sumy) };
-
-			for (int k = 0; k < 4; k++) {
-				int32_t lo, hi;
-
-				memcpy(&lo, y[ib].qs + 4 * k, 4);
-				memcpy(&hi, y[ib].qs + 16 + 4 * k, 4);
-				const __m256i bl = _mm256_set1_epi32(lo), bh = _mm256_set1_epi32(hi);
-
-				for (int h = 0; h < 2; h++) {
-					const __m256i v = _mm256_loadu_si256(
-						(const void *)&x[ib].qs[k][32 * h]);
-					const __m256i p16 = _mm256_add_epi16(
-						_mm256_maddubs_epi16(_mm256_and_si256(v, m4), bl),
-						_mm256_maddubs_epi16(
-							_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-							bh));
-
-					s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p16, ones));
-				}
-			}
-			for (int h = 0; h < 2; h++) {
-				const __m256 dx = _mm256_cvtph_ps(
-					_mm_loadu_si128((const void *)&x[ib].d[8 * h]));
-
-				acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]),
-							 _mm256_mul_ps(dx, dy), acc[h]);
-			}
+		switch (nt - t0) {
+		case 1: dot16_q4_0_r16_avx2(n, 1, o, out_stride, w, y, a_stride); break;
+		case 2: dot16_q4_0_r16_avx2(n, 2, o, out_stride, w, y, a_stride); break;
+		case 3: dot16_q4_0_r16_avx2(n, 3, o, out_stride, w, y, a_stride); break;
+		case 4: dot16_q4_0_r16_avx2(n, 4, o, out_stride, w, y, a_stride); break;
+		case 5: dot16_q4_0_r16_avx2(n, 5, o, out_stride, w, y, a_stride); break;
+		case 6: dot16_q4_0_r16_avx2(n, 6, o, out_stride, w, y, a_stride); break;
+		case 7: dot16_q4_0_r16_avx2(n, 7, o, out_stride, w, y, a_stride); break;
+		default: dot16_q4_0_r16_avx2(n, 8, o, out_stride, w, y, a_stride); break;
 		}
-		_mm256_storeu_ps(out + t * out_stride, acc[0]);
-		_mm256_storeu_ps(out + t * out_stride + 8, acc[1]);
 	}
 }
 
@@ -946,6 +966,7 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot8[ENG_TYPE_Q4_0] = vec_dot8_q4_0_q8_0;
 	avx2.pack8[ENG_TYPE_Q4_0] = pack8_q4_0;
 	avx2.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16;
+	avx2.pack8[ENG_TYPE_Q4_0_R16] = pack8_q4_0;
 	avx2.vec_dot[ENG_TYPE_Q8_0] = vec_dot_q8_0_q8_0;
 	avx2.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0;
 	avx2.pack8[ENG_TYPE_Q8_0] = pack8_q8_0;

@@ -20,7 +20,7 @@ by one from the round before, so that none is always first or last.
 
 usage: tools/bench-spec.py --target T.gguf --draft D.gguf [--poor-draft P.gguf]
        [--budget 2G] [--rounds 3] [--sizes 1,2,4,8,12,16] [-n 48] [--fixed 8[,K...]]
-       [--settings resident,streamed]
+       [--settings resident,streamed] [--variants plain,adaptive,fixed,poor] [--no-passes]
 Run as root (drops the page cache before each streamed set).
 """
 import argparse
@@ -49,6 +49,10 @@ ap.add_argument("-t", "--threads", type=int, default=2)
 ap.add_argument("--settings", default="resident,streamed",
                 help="which settings to run (e.g. resident alone, for the cost of drafting "
                 "where it cannot pay)")
+ap.add_argument("--variants", default="plain,adaptive,fixed,poor",
+                help="which decoding variants to run (plain always runs: the others are "
+                "measured against it)")
+ap.add_argument("--no-passes", action="store_true", help="skip the pass-cost measurement")
 a = ap.parse_args()
 
 sock = f"/tmp/strata-bench-spec-{os.getpid()}.sock"
@@ -81,14 +85,16 @@ def stop(d):
     d.wait(30)
 
 
-variants = {
-    "plain": [],
-    "draft (adaptive)": ["--draft-model", a.draft],
-}
-for k in a.fixed.split(","):
+wanted = set(a.variants.split(","))
+if not wanted <= {"plain", "adaptive", "fixed", "poor"}:
+    sys.exit("bench-spec: --variants takes plain, adaptive, fixed and poor")
+variants = {"plain": []}
+if "adaptive" in wanted:
+    variants["draft (adaptive)"] = ["--draft-model", a.draft]
+for k in a.fixed.split(",") if "fixed" in wanted else []:
     variants[f"draft (always {k})"] = ["--draft-model", a.draft, "--draft-min", k,
                                        "--draft-max", k]
-if a.poor_draft:
+if a.poor_draft and "poor" in wanted:
     variants["poor draft (adaptive)"] = ["--draft-model", a.poor_draft]
 modes = [m for m in ("resident", "streamed") if m in a.settings.split(",")]
 if not modes:
@@ -112,8 +118,9 @@ for r in range(a.rounds):
         d = daemon() if m == "streamed" else None
         order = rotated(variants, r)
         try:
-            j = bench(["-n", "2", "--pass-sizes", a.sizes], d is not None)
-            pass_s[m].append({p["positions"]: p["seconds"] for p in j["passes"]})
+            if not a.no_passes:
+                j = bench(["-n", "2", "--pass-sizes", a.sizes], d is not None)
+                pass_s[m].append({p["positions"]: p["seconds"] for p in j["passes"]})
             for v in order:
                 dec[(m, v)].append(bench(["-n", str(a.n), *variants[v]], d is not None))
         finally:
@@ -123,10 +130,11 @@ for r in range(a.rounds):
             f"{v} {dec[(m, v)][-1]['decode_tps']:.3f}{acc_of(dec[(m, v)][-1])}" for v in order),
             file=sys.stderr)
 
-sizes = [int(x) for x in a.sizes.split(",")]
-print(f"\nOne pass over n positions (median of {a.rounds} rounds; x: against one position):\n")
-print("| n | " + " | ".join(f"{m} s | x" for m in modes) + " |")
-print("|---|" + "---|---|" * len(modes))
+sizes = [] if a.no_passes else [int(x) for x in a.sizes.split(",")]
+if sizes:
+    print(f"\nOne pass over n positions (median of {a.rounds} rounds; x: against one position):\n")
+    print("| n | " + " | ".join(f"{m} s | x" for m in modes) + " |")
+    print("|---|" + "---|---|" * len(modes))
 for n in sizes:
     cells = []
     for m in modes:
@@ -135,16 +143,18 @@ for n in sizes:
         cells += [f"{med:.3f}", f"{med / one:.2f}"]
     print(f"| {n} | " + " | ".join(cells) + " |")
 
-print(f"\nDecode, {a.n} tokens (median of {a.rounds} interleaved rounds; acceptance: drafts "
-      f"kept / drafted, and per token = kept / (kept + passes that rejected one)):\n")
+print(f"\nDecode, {a.n} tokens (median of {a.rounds} interleaved rounds; x plain: the median "
+      f"of each round's ratio to plain in that round; acceptance: drafts kept / drafted, and "
+      f"per token = kept / (kept + passes that rejected one)):\n")
 print("| setting | decoding | tok/s | x plain | tokens per pass | kept / drafted | per token | "
       "declared MiB | resident layers |")
 print("|---|---|---|---|---|---|---|---|---|")
 for m in modes:
-    base = statistics.median(j["decode_tps"] for j in dec[(m, "plain")])
     for v in variants:
         js = dec[(m, v)]
         tps = statistics.median(j["decode_tps"] for j in js)
+        ratio = statistics.median(j["decode_tps"] / p["decode_tps"]
+                                  for j, p in zip(js, dec[(m, "plain")]))
         mem = (f"{statistics.median(j['declared_bytes'] for j in js) / 2**20:.0f} | "
                f"{statistics.median(j['resident_layers'] for j in js):.0f}"
                if all("declared_bytes" in j for j in js) else "- | -")
@@ -155,5 +165,5 @@ for m in modes:
         dr = sum(j["spec_drafted"] for j in js)
         rej = sum(j["spec_rejected"] for j in js)
         tpp = sum(j["spec_tokens"] for j in js) / max(1, sum(j["spec_passes"] for j in js))
-        print(f"| {m} | {v} | {tps:.3f} | {tps / base:.2f} | {tpp:.2f} | "
+        print(f"| {m} | {v} | {tps:.3f} | {ratio:.3f} | {tpp:.2f} | "
               f"{acc / max(1, dr):.2f} | {acc / max(1, acc + rej):.2f} | {mem} |")

@@ -10,7 +10,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "build")
+# the build whose programs run: build/, or STRATA_BUILD (e.g. another commit's
+# build beside this one's, or a build that is not benchmarked while it compiles)
+BUILD = os.environ.get("STRATA_BUILD") or os.path.join(ROOT, "build")
 STRATA = os.path.join(BUILD, "strata")
 STRATAD = os.path.join(BUILD, "daemon", "stratad")
 CTL = os.path.join(BUILD, "tools", "stratactl")

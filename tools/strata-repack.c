@@ -209,6 +209,33 @@ static int write_layers(const uint8_t *img, const struct gguf *g, uint32_t n, in
 	return 0;
 }
 
+/*
+ * Does the repack pay on this CPU?  Measured on IN's own matrices (engine.h,
+ * eng_ctx_repack_gain) and said on stdout; OUT is written either way, since
+ * it may be for another machine.  A model the engine cannot load (another
+ * architecture, say) is repacked unmeasured.
+ */
+static void say_gain(const uint8_t *img, size_t size)
+{
+	struct eng_ctx_config cfg = { .n_ctx = 16, .n_batch = 1 };
+	struct eng_model *m;
+	struct eng_ctx *c;
+	char err[256];
+	double gain;
+
+	if (eng_model_load(img, size, &m, err, sizeof(err)))
+		return;
+	if (!eng_ctx_create(m, &cfg, &c, err, sizeof(err))) {
+		if (!eng_ctx_repack_gain(c, &gain))
+			printf("on this CPU (%s kernels) its Q4_0 matrices read %.2fx as fast "
+			       "repacked%s\n",
+			       eng_isa_name(), gain,
+			       gain < 1.03 ? ": the repacked file will not decode faster here" : "");
+		eng_ctx_destroy(c);
+	}
+	eng_model_destroy(m);
+}
+
 /* Interrupted: no half-written OUT.XXXXXX left behind (unlink and _exit are
  * async-signal-safe). */
 static void on_signal(int sig)
@@ -260,7 +287,8 @@ int main(int argc, char **argv)
 	if (argc != 3 || argv[1][0] == '-') {
 		fprintf(stderr, "usage: strata-repack IN.gguf OUT.gguf\n"
 				"  writes IN with its Q4_0 matrices as Q4_0_R16 (strata's "
-				"interleaved layout; same results, faster decode)\n"
+				"interleaved layout; same results; says whether it decodes faster "
+				"on this CPU)\n"
 				"       strata-repack --layers N IN.gguf OUT.gguf\n"
 				"  writes IN's first N layers and its embedding and head: a draft "
 				"for IN (--draft-model) that shares IN's memory\n");
@@ -302,6 +330,7 @@ int main(int argc, char **argv)
 	if (!n_rep)
 		return fail("%s: nothing to repack (no Q4_0 matrix with a multiple of 16 rows)",
 			    in_path);
+	say_gain(img, (size_t)st.st_size);
 
 	if ((rc = open_out(out_path, tmp, sizeof(tmp), &out)))
 		return rc;
