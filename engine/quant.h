@@ -206,6 +206,10 @@ const struct eng_kernels *eng_kernels_ref(void);
 const struct eng_kernels *eng_kernels_avx2(void);
 /* The AVX2 set plus AVX-512 VNNI kernels (256-bit), or NULL without them. */
 const struct eng_kernels *eng_kernels_avx512(void);
+/* The avx512 set as a CPU with VNNI but without AVX-512 BW and VBMI gets
+ * it (256-bit K-quant kernels in place of the VBMI ones), or NULL without
+ * VNNI: for the tests, which check those kernels on any VNNI CPU. */
+const struct eng_kernels *eng_kernels_avx512_novbmi(void);
 /* The avx512 set with AVX-512 BF16's vdpbf16ps for BF16 weights, or NULL
  * without it: its own summation order, so only when asked for. */
 const struct eng_kernels *eng_kernels_avx512bf16(void);

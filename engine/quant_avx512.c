@@ -6,7 +6,8 @@
  * own target attribute, and the table set-up is built for the baseline, so
  * nothing in this file runs on a CPU without AVX-512 VNNI.  256-bit vectors
  * where the work fits them: Zen 4 splits 512-bit operations in two.  The
- * Q4_0 kernel is the exception, for the reason given there.
+ * exceptions, for the reasons given there: the Q4_0 kernel, and the
+ * prompt kernels of Q4_K, Q6_K and Q8_0 (two tokens a vector).
  *
  * Numerics: every kernel gives the bits of the AVX2 kernel it replaces
  * (tests/test_quant.c checks each against it, and the Q4_0 ones against
@@ -333,7 +334,9 @@ VNNI static void vec_dot16_q4_0_r16_vnni(size_t n, unsigned nt, float *out, size
  * which all rows share.  Exact for any bytes.  Eight rows mean eight
  * independent FMA chains and the activation work done once; the rows are
  * prefetched linearly two calls ahead as for Q4_0 (272 bytes per block).
- * Two tokens at a time: sixteen accumulators.
+ * Decoding (one token) only: a prompt's tokens go to kq_q8_0 below, two
+ * tokens a 512-bit vector (up to two at a time here, a prompt ran at 0.58x
+ * llama.cpp's AVX-512 build).
  */
 VNNI static inline __attribute__((always_inline)) void
 dot8_q8_0_vnni(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
@@ -386,21 +389,6 @@ dot8_q8_0_vnni(size_t n, const unsigned nt, float *out, size_t out_stride, const
 	for (unsigned t = 0; t < nt; t++)
 		for (int r = 0; r < 8; r++)
 			out[t * out_stride + r] = hsum_f32x8(acc[t][r]);
-}
-
-VNNI static void vec_dot8_q8_0_q8_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
-					  const void *w, size_t stride, const void *a,
-					  size_t a_stride)
-{
-	for (unsigned t0 = 0; t0 < nt; t0 += 2) {
-		float *o = out + t0 * out_stride;
-		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
-
-		if (nt - t0 == 1)
-			dot8_q8_0_vnni(n, 1, o, out_stride, w, stride, y, a_stride);
-		else
-			dot8_q8_0_vnni(n, 2, o, out_stride, w, stride, y, a_stride);
-	}
 }
 
 /* ---- Q4_K, Q6_K ------------------------------------------------------- */
@@ -586,15 +574,370 @@ VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x, const stru
 static void vec_dot8_q4_k_q8_k_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
 				    const void *w, size_t stride, const void *a, size_t a_stride);
 
+/*
+ * Q4_K by a prompt's tokens in 512-bit vectors (vec_dot16, and vec_dot8 for
+ * two tokens or more), each row and token bit-identical to
+ * vec_dot_q4_k_q8_k_vnni.  What is fixed is the lanes: each row keeps, per
+ * block, 8 int32 sums (lane k: elements 4k..4k+3 of every 32-element
+ * sub-block, times its scale) and 4 for the mins, converted and added to
+ * float accumulators in that order.  How the integers get there is free, so
+ * a vector holds two tokens: the same 32 nibbles in both halves (one
+ * broadcast load, an and, a shift, shared by all the tokens), the two
+ * tokens' 32 activation bytes side by side, and one vpmaddubsw and one
+ * vpdpwssd (with the sub-block's scale in every int16) leave both
+ * tokens' 8 lanes in place, with nothing to fold at the end of a block.  On
+ * cores with two 512-bit multipliers (Sapphire/Emerald Rapids: vpmaddubsw
+ * on zmm at 2 a cycle, measured, as on ymm) that is half the instructions
+ * of the 256-bit kernel per token; on Zen 4, which splits them, the same
+ * work in fewer instructions.
+ *
+ * The activations are rearranged for this once per call, for a span of
+ * KZ_SPAN blocks at a time: struct kz_block holds a block of sixteen
+ * tokens, the quants of each pair interleaved by sub-block, the scales
+ * (y.d) spread to the lanes of their token, and the bsums' pair sums the
+ * mins need.  Two blocks (10 KB) so that they, the activation rows they come
+ * from, the rows' blocks and the accumulators fit in L1 together: with spans
+ * of 4 blocks the rearranging took 17% of the kernel's time in a model's
+ * prompt, with 2 14% (it is done for every 16 rows).  Each row's
+ * accumulators wait in memory between spans, so each lane still adds its
+ * blocks in order and the bits do not change.  Eight pairs share each
+ * unpacked block (four, with two chains each: 76 GMAC/s on one core; eight
+ * with one: 83; 512 rows of 4096 by 64 tokens, from L2; the 256-bit kernel
+ * of quant_krows_tmpl.h: 57).  The scales come from registers (vpbroadcastd
+ * per sub-block): as a broadcast memory operand of vpdpwssd it ran the same.
+ */
+#define KZ_SPAN 2    /* blocks per span */
+#define KZ_TOKENS 16 /* tokens per group: eight pairs, four quads */
+
+/* CALL(np) with np a constant from 1 to 8 */
+#define KZ_SWITCH(n, CALL)                                                                       \
+	switch (n) {                                                                               \
+	case 1: CALL(1); break;                                                                    \
+	case 2: CALL(2); break;                                                                    \
+	case 3: CALL(3); break;                                                                    \
+	case 4: CALL(4); break;                                                                    \
+	case 5: CALL(5); break;                                                                    \
+	case 6: CALL(6); break;                                                                    \
+	case 7: CALL(7); break;                                                                    \
+	default: CALL(8); break;                                                                   \
+	}
+
+struct kz_block {
+	int8_t qs[KZ_TOKENS / 2][8][64]; /* pair p, sub-block s: token 2p's 32, then 2p+1's */
+	float dp[KZ_TOKENS / 2][16];     /* pair p: token 2p's y.d x8, then 2p+1's */
+	float dq[KZ_TOKENS / 4][16];     /* quad q: tokens 4q..4q+3's y.d x4 */
+	int16_t q8s[KZ_TOKENS / 4][32];  /* quad q: each token's bsums[2k] + bsums[2k+1] */
+};
+_Static_assert(sizeof(struct kz_block) % 64 == 0, "kz_block");
+
+/* Blocks b0 .. b0 + nbs - 1 of the tn (<= KZ_TOKENS) activation rows at a;
+ * the tokens past tn are zeros (their lanes are computed and dropped).
+ * For Q6_K (six) the quants go in as y + 128 (y ^ 0x80), unsigned. */
+VBMI static void kz_fill(struct kz_block *T, const uint8_t *a, size_t a_stride, unsigned tn,
+			 size_t b0, size_t nbs, bool six)
+{
+	/* Q6_K reads the quants as unsigned, y + 128 (kz_q6_k_row) */
+	const __m256i flip = _mm256_set1_epi8(six ? (char)0x80 : 0);
+
+	if (tn < KZ_TOKENS)
+		memset(T, 0, nbs * sizeof(*T));
+	for (unsigned t = 0; t < tn; t++) {
+		const struct eng_block_q8_k *y = (const struct eng_block_q8_k *)(a + t * a_stride) + b0;
+		const unsigned p = t / 2, h = t % 2, q = t / 4, i = t % 4;
+
+		for (size_t b = 0; b < nbs; b++) {
+			const __m256i bs = _mm256_loadu_si256((const void *)y[b].bsums);
+
+			for (int s = 0; s < 8; s++)
+				_mm256_store_si256((void *)&T[b].qs[p][s][32 * h],
+						   _mm256_xor_si256(flip, _mm256_loadu_si256(
+									  (const void *)(y[b].qs + 32 * s))));
+			_mm256_store_ps(&T[b].dp[p][8 * h], _mm256_broadcast_ss(&y[b].d));
+			_mm_store_ps(&T[b].dq[q][4 * i], _mm_broadcast_ss(&y[b].d));
+			_mm_store_si128((void *)&T[b].q8s[q][8 * i],
+					_mm_hadd_epi16(_mm256_castsi256_si128(bs),
+						       _mm256_extracti128_si256(bs, 1)));
+		}
+	}
+}
+
+/* Blocks 0 .. nbs - 1 of row x by np (1 to 8, a constant where inlined)
+ * pairs of tokens from T, into the row's accumulators. */
+VBMI static inline __attribute__((always_inline)) void
+kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs,
+	    const unsigned np, __m512 *acc_io, __m512 *accm_io)
+{
+	const unsigned nq = (np + 1) / 2;
+	const bool two = np <= 4;
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	__m512 acc[KZ_TOKENS / 2], accm[KZ_TOKENS / 4];
+
+	for (unsigned p = 0; p < np; p++)
+		acc[p] = acc_io[p];
+	for (unsigned q = 0; q < nq; q++)
+		accm[q] = accm_io[q];
+	for (size_t b = 0; b < nbs; b++) {
+		const struct eng_block_q4_k *xb = x + b;
+		const __m128i sm = k4_scales_mins(xb->scales);
+		/* dword j: scale j in both int16 halves, for vpdpwssd's broadcast */
+		const __m256i s32 = _mm256_cvtepu8_epi32(sm);
+		int32_t tab[8] __attribute__((aligned(32)));
+		const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64((const void *)&xb->d));
+		const __m512 dv = _mm512_broadcastss_ps(dm);
+		const __m512 dminv = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+		const __m512i mz = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)));
+		/* up to four pairs, two chains a pair (vpdpwssd's latency;
+		 * more would not fit the registers): integers, any order */
+		__m512i sumi[KZ_TOKENS / 2], sumh[KZ_TOKENS / 2];
+
+		_mm256_store_si256((void *)tab, _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16)));
+		_mm_prefetch((const char *)(xb + KZ_SPAN), _MM_HINT_T0);
+		_mm_prefetch((const char *)(xb + KZ_SPAN) + 64, _MM_HINT_T0);
+		_mm_prefetch((const char *)(xb + KZ_SPAN) + 128, _MM_HINT_T0);
+		for (unsigned p = 0; p < np; p++)
+			sumi[p] = sumh[p] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+		for (int j = 0; j < ENG_QK_K / 64; j++) {
+			const __m512i bits = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(xb->qs + 32 * j)));
+			const __m512i ql = _mm512_and_si512(bits, m4);
+			const __m512i qh = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+			const __m512i sl = _mm512_set1_epi32(tab[2 * j]);
+			const __m512i sh = _mm512_set1_epi32(tab[2 * j + 1]);
+
+			for (unsigned p = 0; p < np; p++) {
+				const __m512i yl = _mm512_load_si512(T[b].qs[p][2 * j]);
+				const __m512i yh = _mm512_load_si512(T[b].qs[p][2 * j + 1]);
+
+				sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(ql, yl), sl);
+				if (two)
+					sumh[p] = _mm512_dpwssd_epi32(sumh[p],
+								      _mm512_maddubs_epi16(qh, yh), sh);
+				else
+					sumi[p] = _mm512_dpwssd_epi32(sumi[p],
+								      _mm512_maddubs_epi16(qh, yh), sh);
+			}
+		}
+		for (unsigned p = 0; p < np; p++)
+			acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(T[b].dp[p]), dv),
+						 _mm512_cvtepi32_ps(two ? _mm512_add_epi32(sumi[p], sumh[p])
+								    : sumi[p]),
+						 acc[p]);
+		for (unsigned q = 0; q < nq; q++) {
+			const __m512i m = _mm512_madd_epi16(mz, _mm512_load_si512(T[b].q8s[q]));
+
+			accm[q] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_load_ps(T[b].dq[q]), dminv),
+						   _mm512_cvtepi32_ps(m), accm[q]);
+		}
+	}
+	for (unsigned p = 0; p < np; p++)
+		acc_io[p] = acc[p];
+	for (unsigned q = 0; q < nq; q++)
+		accm_io[q] = accm[q];
+}
+
+/*
+ * Q6_K the same way (kz_q4_k's comment): each row and token bit-identical to
+ * vec_dot_q6_k_q8_k_vnni, whose lane k of a block is sum over the eight
+ * 32-element chunks of scale * (q - 32) * y over elements 4k..4k+3 of the
+ * chunk (the chunk's first 16 elements have one scale, its last 16 the
+ * next).  vpmaddubsw wants one operand unsigned: here the activations, as
+ * y + 128 (kz_fill), against q - 32 signed, and
+ *   sum s (q - 32) y = sum s (q - 32) (y + 128) - 128 sum s (q - 32)
+ * where the last sum depends on the row alone: it is computed once per
+ * block, as for one more token whose y + 128 are all 128, and taken from
+ * every token's lanes.  The int16 products stay
+ * within +-16320 (255 * 32 * 2): vpmaddubsw never saturates.  The scales of
+ * a chunk are put in place by one broadcast load from a table of the
+ * block's 16 scales, each widened to eight int16 (4 vpermw).
+ */
+VBMI static inline __attribute__((always_inline)) void
+kz_q6_k_row(const struct eng_block_q6_k *x, const struct kz_block *T, size_t nbs,
+	    const unsigned np, __m512 *acc_io)
+{
+	const bool two = np <= 4;
+	const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+	const __m512i m32 = _mm512_set1_epi8(32), u128 = _mm512_set1_epi8((char)0x80);
+	__m512 acc[KZ_TOKENS / 2];
+
+	for (unsigned p = 0; p < np; p++)
+		acc[p] = acc_io[p];
+	for (size_t b = 0; b < nbs; b++) {
+		const struct eng_block_q6_k *xb = x + b;
+		const __m512i sc16 = _mm512_zextsi256_si512(
+			_mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)xb->scales)));
+		/* tab + 32 g: chunk g's two scales, each as eight int16 */
+		int16_t tab[16 * 8] __attribute__((aligned(64)));
+		const __m512 dv = _mm512_set1_ps(fp16(xb->d));
+		__m512i sumi[KZ_TOKENS / 2], sumh[KZ_TOKENS / 2], corr = _mm512_setzero_si512();
+
+		for (int c = 0; c < 4; c++) {
+			/* word w of vector c: scale 4c + w / 8 */
+			const __m512i idx = _mm512_add_epi16(
+				_mm512_set1_epi16((short)(4 * c)),
+				_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
+								   21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
+								   11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+						  3));
+
+			_mm512_store_si512(tab + 32 * c, _mm512_permutexvar_epi16(idx, sc16));
+		}
+		for (int l = 0; l < 4; l++)
+			_mm_prefetch((const char *)(xb + KZ_SPAN) + 64 * l, _MM_HINT_T0);
+		for (unsigned p = 0; p < np; p++)
+			sumi[p] = sumh[p] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+		for (int h = 0; h < ENG_QK_K / 128; h++) {
+			const __m512i b1 = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(xb->ql + 64 * h)));
+			const __m512i b2 = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(xb->ql + 64 * h + 32)));
+			const __m512i bh = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(xb->qh + 32 * h)));
+			/* the 6-bit quants of chunks 4h .. 4h + 3 (q6_k_unpack), minus 32 */
+			const __m512i q[4] = {
+				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
+							b1, m4, _mm512_and_si512(_mm512_slli_epi16(bh, 4), m30), 0xea),
+						m32),
+				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
+							b2, m4, _mm512_and_si512(_mm512_slli_epi16(bh, 2), m30), 0xea),
+						m32),
+				_mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), m4,
+									  _mm512_and_si512(bh, m30), 0xea),
+						m32),
+				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
+							_mm512_srli_epi16(b2, 4), m4,
+							_mm512_and_si512(_mm512_srli_epi16(bh, 2), m30), 0xea),
+						m32),
+			};
+
+#pragma GCC unroll 4
+			for (int k = 0; k < 4; k++) {
+				const int g = 4 * h + k;
+				const __m512i sg = _mm512_broadcast_i64x4(
+					_mm256_load_si256((const void *)(tab + 16 * g)));
+
+				corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(u128, q[k]), sg);
+				for (unsigned p = 0; p < np; p++) {
+					const __m512i yk = _mm512_load_si512(T[b].qs[p][g]);
+					const __m512i p16 = _mm512_maddubs_epi16(yk, q[k]);
+
+					if (two && (k & 1))
+						sumh[p] = _mm512_dpwssd_epi32(sumh[p], p16, sg);
+					else
+						sumi[p] = _mm512_dpwssd_epi32(sumi[p], p16, sg);
+				}
+			}
+		}
+		for (unsigned p = 0; p < np; p++) {
+			const __m512i s = two ? _mm512_add_epi32(sumi[p], sumh[p]) : sumi[p];
+
+			acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(T[b].dp[p]), dv),
+						 _mm512_cvtepi32_ps(_mm512_sub_epi32(s, corr)), acc[p]);
+		}
+	}
+	for (unsigned p = 0; p < np; p++)
+		acc_io[p] = acc[p];
+}
+
+/* nrows (8 or 16) rows of Q4_K (Q6_K if six) by nt (2 or more) tokens. */
+VBMI static inline __attribute__((always_inline)) void
+kz_rows(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride, const void *w,
+	size_t stride, const void *a, size_t a_stride, const bool six)
+{
+	const size_t nb = n / ENG_QK_K;
+	struct kz_block T[KZ_SPAN] __attribute__((aligned(64)));
+	__m512 acc[16][KZ_TOKENS / 2], accm[16][KZ_TOKENS / 4];
+
+	for (unsigned t0 = 0; t0 < nt; t0 += KZ_TOKENS) {
+		const unsigned tn = nt - t0 < KZ_TOKENS ? nt - t0 : KZ_TOKENS;
+		const unsigned np = (tn + 1) / 2;
+
+		for (unsigned r = 0; r < nrows; r++) {
+			for (int p = 0; p < KZ_TOKENS / 2; p++)
+				acc[r][p] = _mm512_setzero_ps();
+			for (int q = 0; q < KZ_TOKENS / 4; q++)
+				accm[r][q] = _mm512_setzero_ps();
+		}
+		for (size_t b0 = 0; b0 < nb; b0 += KZ_SPAN) {
+			const size_t nbs = nb - b0 < KZ_SPAN ? nb - b0 : KZ_SPAN;
+
+			kz_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs, six);
+			for (unsigned r = 0; r < nrows; r++) {
+				const uint8_t *row = (const uint8_t *)w + r * stride;
+
+				if (six) {
+					const struct eng_block_q6_k *x =
+						(const struct eng_block_q6_k *)row + b0;
+
+#define CALL(k) kz_q6_k_row(x, T, nbs, k, acc[r])
+					KZ_SWITCH(np, CALL)
+#undef CALL
+				} else {
+					const struct eng_block_q4_k *x =
+						(const struct eng_block_q4_k *)row + b0;
+
+#define CALL(k) kz_q4_k_row(x, T, nbs, k, acc[r], accm[r])
+					KZ_SWITCH(np, CALL)
+#undef CALL
+				}
+			}
+		}
+		/* each token's lanes reduced as vec_dot_q4_k_q8_k_vnni
+		 * (vec_dot_q6_k_q8_k_vnni: no mins) does */
+		for (unsigned r = 0; r < nrows; r++) {
+			float l[KZ_TOKENS / 2][16], m[KZ_TOKENS / 4][16];
+
+			for (int p = 0; p < KZ_TOKENS / 2; p++)
+				_mm512_storeu_ps(l[p], acc[r][p]);
+			for (int q = 0; q < KZ_TOKENS / 4; q++)
+				_mm512_storeu_ps(m[q], accm[r][q]);
+			for (unsigned t = 0; t < tn; t++) {
+				const float *x = &l[t / 2][8 * (t % 2)], *y = &m[t / 4][4 * (t % 4)];
+
+				const float lanes = ((x[0] + x[4]) + (x[2] + x[6])) +
+						    ((x[1] + x[5]) + (x[3] + x[7]));
+
+				out[(t0 + t) * out_stride + r] =
+					six ? lanes : lanes + ((y[0] + y[2]) + (y[1] + y[3]));
+			}
+		}
+	}
+}
+
+VBMI static void kz_q4_k(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
+			 const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	kz_rows(n, nrows, nt, out, out_stride, w, stride, a, a_stride, false);
+}
+
+VBMI static void kz_q6_k(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
+			 const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	kz_rows(n, nrows, nt, out, out_stride, w, stride, a, a_stride, true);
+}
+
+VBMI static void vec_dot16_q4_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
+					   const void *w, size_t stride, const void *a,
+					   size_t a_stride)
+{
+	if (nt == 1) { /* decoding: nothing to share */
+		for (int r = 0; r < 16; r++)
+			out[r] = dot1_q4_k(n, (const void *)((const uint8_t *)w + r * stride), a);
+		return;
+	}
+	kz_q4_k(n, 16, nt, out, out_stride, w, stride, a, a_stride);
+}
+
 /* Decoding (one token): the eight rows one after the other with the VBMI
- * kernel; a prompt's tokens: the VNNI kernel that shares each block
- * between them (quant_krows_tmpl.h), bit-identical to this one. */
+ * kernel; two tokens or more: kz_q4_k, which shares each block between
+ * them, bit-identical to this one. */
 VBMI static void vec_dot8_q4_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
 					  const void *w, size_t stride, const void *a,
 					  size_t a_stride)
 {
 	if (nt > 1) {
-		vec_dot8_q4_k_q8_k_vnni(n, nt, out, out_stride, w, stride, a, a_stride);
+		kz_q4_k(n, 8, nt, out, out_stride, w, stride, a, a_stride);
 		return;
 	}
 	for (int r = 0; r < 8; r++)
@@ -653,6 +996,174 @@ VNNI static void vec_dot_q6_k_q8_k_vnni(size_t n, float *out, const void *w, con
 	*out = hsum_f32x8(acc);
 }
 
+/* Q6_K: decoding (one token) with the one-row kernel, row after row; two
+ * tokens or more: kz_q6_k, bit-identical to it. */
+VBMI static void vec_dot8_q6_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
+					  const void *w, size_t stride, const void *a,
+					  size_t a_stride)
+{
+	if (nt > 1) {
+		kz_q6_k(n, 8, nt, out, out_stride, w, stride, a, a_stride);
+		return;
+	}
+	for (int r = 0; r < 8; r++)
+		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
+}
+
+VBMI static void vec_dot16_q6_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
+					   const void *w, size_t stride, const void *a,
+					   size_t a_stride)
+{
+	if (nt > 1) {
+		kz_q6_k(n, 16, nt, out, out_stride, w, stride, a, a_stride);
+		return;
+	}
+	for (int r = 0; r < 16; r++)
+		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
+}
+
+/*
+ * Q8_0 by a prompt's tokens (vec_dot16, and vec_dot8 for two tokens or
+ * more), two tokens a 512-bit vector as for the K-quants (kz_q4_k): each
+ * row and token bit-identical to dot8_q8_0_vnni, whose lane k of a block is
+ * the exact sum of elements 4k..4k+3, converted and added to its float lane
+ * with d = x.d * y.d by one FMA.  A row's block, biased to unsigned
+ * (x + 128), is broadcast to both halves once for all the tokens, and one
+ * vpdpbusd, started from the pair's -128 * (lane sums of y), leaves both
+ * tokens' lanes; with the product of the scales, the conversion and the FMA
+ * that is four instructions for 64 products where the 256-bit kernel took
+ * four (the scale's permute among them) for 32.  The pairs' quants, lane
+ * sums and scales are laid out once per call, KQ_SPAN blocks at a time.
+ */
+#define KQ_SPAN 8 /* blocks per span: 12 KB */
+
+struct kq_block {
+	int8_t qs[KZ_TOKENS / 2][64];     /* pair p: token 2p's 32 quants, then 2p+1's */
+	int32_t base[KZ_TOKENS / 2][16];  /* the same: -128 * each lane's four quants */
+	float dy[KZ_TOKENS / 2][16];      /* the same: y.d x8 */
+};
+_Static_assert(sizeof(struct kq_block) % 64 == 0, "kq_block");
+
+VNNI static void kq_fill(struct kq_block *T, const uint8_t *a, size_t a_stride, unsigned tn,
+			 size_t b0, size_t nbs)
+{
+	const __m256i bias = _mm256_set1_epi8((char)0x80);
+
+	if (tn < KZ_TOKENS)
+		memset(T, 0, nbs * sizeof(*T));
+	for (unsigned t = 0; t < tn; t++) {
+		const struct eng_block_q8_0 *y = (const struct eng_block_q8_0 *)(a + t * a_stride) + b0;
+		const unsigned p = t / 2, h = t % 2;
+
+		for (size_t b = 0; b < nbs; b++) {
+			const __m256i qy = _mm256_loadu_si256((const void *)y[b].qs);
+
+			_mm256_store_si256((void *)&T[b].qs[p][32 * h], qy);
+			_mm256_store_si256((void *)&T[b].base[p][8 * h],
+					   _mm256_sub_epi32(_mm256_setzero_si256(),
+							    _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+										bias, qy)));
+			_mm256_store_ps(&T[b].dy[p][8 * h], fp16x8(y[b].d));
+		}
+	}
+}
+
+/* Blocks 0 .. nbs - 1 of row x by np (1 to 8, a constant where inlined)
+ * pairs of tokens from T. */
+VNNI static inline __attribute__((always_inline)) void
+kq_row(const struct eng_block_q8_0 *x, const struct kq_block *T, size_t nbs, const unsigned np,
+       __m512 *acc_io)
+{
+	const __m512i bias = _mm512_set1_epi8((char)0x80);
+	__m512 acc[KZ_TOKENS / 2];
+
+	for (unsigned p = 0; p < np; p++)
+		acc[p] = acc_io[p];
+	for (size_t b = 0; b < nbs; b++) {
+		const __m512i wq = _mm512_xor_si512(
+			bias, _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)x[b].qs)));
+		const __m512 dx = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(x[b].d)));
+
+		_mm_prefetch((const char *)(x + b + KQ_SPAN), _MM_HINT_T0);
+		for (unsigned p = 0; p < np; p++) {
+			const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(T[b].base[p]), wq,
+							      _mm512_load_si512(T[b].qs[p]));
+
+			acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_load_ps(T[b].dy[p])),
+						 _mm512_cvtepi32_ps(s), acc[p]);
+		}
+	}
+	for (unsigned p = 0; p < np; p++)
+		acc_io[p] = acc[p];
+}
+
+/* nrows (8 or 16) rows by nt (2 or more) tokens. */
+VNNI static void kq_q8_0(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
+			 const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	const size_t nb = n / ENG_QK8_0;
+	struct kq_block T[KQ_SPAN] __attribute__((aligned(64)));
+	__m512 acc[16][KZ_TOKENS / 2];
+
+	for (unsigned t0 = 0; t0 < nt; t0 += KZ_TOKENS) {
+		const unsigned tn = nt - t0 < KZ_TOKENS ? nt - t0 : KZ_TOKENS;
+		const unsigned np = (tn + 1) / 2;
+
+		for (unsigned r = 0; r < nrows; r++)
+			for (int p = 0; p < KZ_TOKENS / 2; p++)
+				acc[r][p] = _mm512_setzero_ps();
+		for (size_t b0 = 0; b0 < nb; b0 += KQ_SPAN) {
+			const size_t nbs = nb - b0 < KQ_SPAN ? nb - b0 : KQ_SPAN;
+
+			kq_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs);
+			for (unsigned r = 0; r < nrows; r++) {
+				const struct eng_block_q8_0 *x =
+					(const struct eng_block_q8_0 *)((const uint8_t *)w + r * stride) +
+					b0;
+
+#define CALL(k) kq_row(x, T, nbs, k, acc[r])
+				KZ_SWITCH(np, CALL)
+#undef CALL
+			}
+		}
+		for (unsigned r = 0; r < nrows; r++) {
+			float l[KZ_TOKENS / 2][16];
+
+			for (int p = 0; p < KZ_TOKENS / 2; p++)
+				_mm512_storeu_ps(l[p], acc[r][p]);
+			for (unsigned t = 0; t < tn; t++) {
+				const float *x = &l[t / 2][8 * (t % 2)];
+
+				/* hsum_f32x8's order */
+				out[(t0 + t) * out_stride + r] = ((x[0] + x[4]) + (x[2] + x[6])) +
+								 ((x[1] + x[5]) + (x[3] + x[7]));
+			}
+		}
+	}
+}
+
+VNNI static void vec_dot8_q8_0_zmm(size_t n, unsigned nt, float *out, size_t out_stride,
+				   const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	if (nt == 1) { /* decoding: the rows side by side */
+		dot8_q8_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride);
+		return;
+	}
+	kq_q8_0(n, 8, nt, out, out_stride, w, stride, a, a_stride);
+}
+
+VNNI static void vec_dot16_q8_0_zmm(size_t n, unsigned nt, float *out, size_t out_stride,
+				    const void *w, size_t stride, const void *a, size_t a_stride)
+{
+	if (nt == 1) {
+		dot8_q8_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride);
+		dot8_q8_0_vnni(n, 1, out + 8, out_stride, (const uint8_t *)w + 8 * stride, stride, a,
+			       a_stride);
+		return;
+	}
+	kq_q8_0(n, 16, nt, out, out_stride, w, stride, a, a_stride);
+}
+
 /* ---- BF16 ------------------------------------------------------------- */
 
 #define BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bf16")))
@@ -699,7 +1210,7 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
 
 /* The AVX2 set with the kernels AVX-512 VNNI speeds up. */
 static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
-static struct eng_kernels avx512, avx512bf16;
+static struct eng_kernels avx512, avx512bf16, avx512_novbmi;
 static bool avx512_ok, avx512bf16_ok;
 
 BASELINE static void avx512_init(void)
@@ -717,14 +1228,21 @@ BASELINE static void avx512_init(void)
 	avx512.vec_dot16[ENG_TYPE_Q4_0] = vec_dot16_q4_0_vnni;
 	avx512.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16_vnni;
 	avx512.pack8[ENG_TYPE_Q4_0_R16] = base->pack8[ENG_TYPE_Q4_0]; /* AVX2's */
-	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0_vnni;
+	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_zmm;
+	avx512.vec_dot16[ENG_TYPE_Q8_0] = vec_dot16_q8_0_zmm;
 	avx512.pack8[ENG_TYPE_Q8_0] = NULL; /* it reads the Q8_0 rows */
 	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
 	avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vnni;
 	avx512.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_vnni;
-	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi"))
+	avx512_novbmi = avx512;
+	avx512_novbmi.isa = "avx512-novbmi";
+	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi")) {
 		avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vbmi;
+		avx512.vec_dot16[ENG_TYPE_Q4_K] = vec_dot16_q4_k_q8_k_vbmi;
+		avx512.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_vbmi;
+		avx512.vec_dot16[ENG_TYPE_Q6_K] = vec_dot16_q6_k_q8_k_vbmi;
+	}
 	avx512bf16_ok = __builtin_cpu_supports("avx512bf16");
 	if (avx512bf16_ok) {
 		avx512bf16 = avx512;
@@ -743,4 +1261,10 @@ BASELINE const struct eng_kernels *eng_kernels_avx512bf16(void)
 {
 	pthread_once(&avx512_once, avx512_init);
 	return avx512bf16_ok ? &avx512bf16 : NULL;
+}
+
+BASELINE const struct eng_kernels *eng_kernels_avx512_novbmi(void)
+{
+	pthread_once(&avx512_once, avx512_init);
+	return avx512_ok ? &avx512_novbmi : NULL;
 }

@@ -48,14 +48,61 @@
 	}
 #endif
 
+#ifndef KR_TABLE_BLOCKS
+/*
+ * What a block of the eight tokens gives every row, worked out once per
+ * call (kr_q4_k_table): each token's y.d, alone and as four lanes, and its
+ * bsums summed in pairs (the int16 the mins multiply), two tokens' side by
+ * side so that one madd, one conversion and one FMA serve two tokens' mins.
+ * Before, each row redid this for every block and token (a phaddw, two
+ * scalar products and two broadcasts: a third of the instructions of a
+ * block and token beside the 16 of the products).  Rows of up to
+ * KR_TABLE_BLOCKS blocks (32768 elements; 37 KB on the stack) use it; longer
+ * ones (none in the models of 2026) go row by row through vec_dot.
+ */
+#define KR_TABLE_BLOCKS 128
+struct kr_q4_k_tab {
+	float d[KR_TOKENS];          /* token t's y.d */
+	float dq[KR_TOKENS][4];      /* token t's y.d x4 */
+	int16_t q8s[KR_TOKENS][8];   /* token t's bsums[2k] + bsums[2k + 1] */
+};
+#endif
+
+KR_ATTR static void KR_NAME(kr_q4_k_table)(struct kr_q4_k_tab *T, const uint8_t *act,
+					   size_t a_stride, unsigned tn, size_t nb)
+{
+	/* an odd token count: the last pair's second half is read, then dropped */
+	if (tn % 2)
+		for (size_t i = 0; i < nb; i++) {
+			memset(T[i].dq[tn], 0, sizeof(T[i].dq[tn]));
+			memset(T[i].q8s[tn], 0, sizeof(T[i].q8s[tn]));
+		}
+	for (unsigned t = 0; t < tn; t++) {
+		const struct eng_block_q8_k *y = (const struct eng_block_q8_k *)(act + t * a_stride);
+
+		for (size_t i = 0; i < nb; i++) {
+			const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
+
+			T[i].d[t] = y[i].d;
+			_mm_storeu_ps(T[i].dq[t], _mm_set1_ps(y[i].d));
+			_mm_storeu_si128((void *)T[i].q8s[t],
+					 _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+							_mm256_extracti128_si256(bs, 1)));
+		}
+	}
+}
+
 /* Block i of row x by tn (1 to KR_TOKENS, a constant where inlined: the
- * token loops unroll and sumi stays in registers) tokens from act. */
+ * token loops unroll and sumi stays in registers) tokens from act; T: the
+ * block's kr_q4_k_tab.  acc_m[u] holds the mins' four lanes of tokens 2u
+ * (low half) and 2u + 1. */
 KR_ATTR static inline __attribute__((always_inline)) void
-KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m128i mins, const uint8_t *act,
-	      size_t a_stride, size_t i, const unsigned tn, __m256 *acc, __m128 *acc_m)
+KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i mins,
+		       const uint8_t *act, size_t a_stride, size_t i, const struct kr_q4_k_tab *T,
+		       const unsigned tn, __m256 *acc, __m256 *acc_m)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	const float xd = fp16(x->d), xdmin = fp16(x->dmin);
+	const __m256 xd = _mm256_set1_ps(fp16(x->d)), xdmin = _mm256_set1_ps(fp16(x->dmin));
 	const struct eng_block_q8_k *y[KR_TOKENS];
 	__m256i sumi[KR_TOKENS];
 
@@ -83,44 +130,47 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m128i m
 			KR_KEEP(sumi[t]);
 		}
 	}
-	for (unsigned t = 0; t < tn; t++) {
-		const __m256i bs = _mm256_loadu_si256((const void *)y[t]->bsums);
-		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
-						   _mm256_extracti128_si256(bs, 1));
-		const float d = y[t]->d * xd, dmin = -y[t]->d * xdmin;
-
-		acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)),
-					acc_m[t]);
-		acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-	}
+	/* dmin's sign by fnmadd: -(a*b) + c rounds as fma(-a, b, c) */
+	for (unsigned u = 0; u < (tn + 1) / 2; u++)
+		acc_m[u] = _mm256_fnmadd_ps(
+			_mm256_mul_ps(_mm256_loadu_ps(T->dq[2 * u]), xdmin),
+			_mm256_cvtepi32_ps(_mm256_madd_epi16(
+				mins, _mm256_loadu_si256((const void *)T->q8s[2 * u]))),
+			acc_m[u]);
+	for (unsigned t = 0; t < tn; t++)
+		acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&T->d[t]), xd),
+					 _mm256_cvtepi32_ps(sumi[t]), acc[t]);
 }
 
 /* Row x (nb blocks) by tn tokens, into out (stride out_stride). */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *act, size_t a_stride,
-	    const unsigned tn, float *out, size_t out_stride)
+		     const struct kr_q4_k_tab *T, const unsigned tn, float *out, size_t out_stride)
 {
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
-	__m256 acc[KR_TOKENS];
-	__m128 acc_m[KR_TOKENS];
+	__m256 acc[KR_TOKENS], acc_m[KR_TOKENS / 2];
 
-	for (unsigned t = 0; t < tn; t++) {
+	for (unsigned t = 0; t < tn; t++)
 		acc[t] = _mm256_setzero_ps();
-		acc_m[t] = _mm_setzero_ps();
-	}
+	for (unsigned u = 0; u < (tn + 1) / 2; u++)
+		acc_m[u] = _mm256_setzero_ps();
 	for (size_t i = 0; i < nb; i++) {
 		const __m128i sm = k4_scales_mins_ssse3(x[i].scales);
 		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
+		const __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
 
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
 		KR_NAME(q4_k_block_tn)(&x[i], _mm256_set_m128i(sc16, sc16),
-			      _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), act, a_stride, i, tn, acc,
-			      acc_m);
+				       _mm256_set_m128i(mn16, mn16), act, a_stride, i, &T[i], tn,
+				       acc, acc_m);
 	}
 	for (unsigned t = 0; t < tn; t++) {
-		__m128 m = _mm_add_ps(acc_m[t], _mm_movehl_ps(acc_m[t], acc_m[t]));
+		/* token t's four mins lanes: half t % 2 of acc_m[t / 2] */
+		__m128 m = t % 2 ? _mm256_extractf128_ps(acc_m[t / 2], 1)
+				 : _mm256_castps256_ps128(acc_m[t / 2]);
 
+		m = _mm_add_ps(m, _mm_movehl_ps(m, m));
 		m = _mm_add_ss(m, _mm_movehdup_ps(m));
 		out[t * out_stride] = hsum_f32x8(acc[t]) + _mm_cvtss_f32(m);
 	}
@@ -130,21 +180,34 @@ KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *ou
 						 size_t out_stride, const void *w, size_t stride,
 						 const void *a, size_t a_stride)
 {
+	const size_t nb = n / ENG_QK_K;
+
 	if (nt == 1) { /* decoding: nothing to share, the one-row kernel */
 		for (int r = 0; r < 8; r++)
 			KR_DOT1_Q4_K(n, out + r, (const uint8_t *)w + (size_t)r * stride, a);
 		return;
 	}
-	for (int r = 0; r < 8; r++) {
-		const struct eng_block_q4_k *x =
-			(const void *)((const uint8_t *)w + (size_t)r * stride);
+	if (nb > KR_TABLE_BLOCKS) { /* longer than the table: row by row */
+		for (int r = 0; r < 8; r++)
+			for (unsigned t = 0; t < nt; t++)
+				KR_DOT1_Q4_K(n, out + t * out_stride + r,
+					     (const uint8_t *)w + (size_t)r * stride,
+					     (const uint8_t *)a + t * a_stride);
+		return;
+	}
+	for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
+		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
+		const unsigned tn = nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS;
+		struct kr_q4_k_tab T[KR_TABLE_BLOCKS];
 
-		for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
-			const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
+		KR_NAME(kr_q4_k_table)(T, y, a_stride, tn, nb);
+		for (int r = 0; r < 8; r++) {
+			const struct eng_block_q4_k *x =
+				(const void *)((const uint8_t *)w + (size_t)r * stride);
 			float *o = out + t0 * out_stride + r;
 
-#define CALL(tn) KR_NAME(q4_k_row_tn)(x, n / ENG_QK_K, y, a_stride, tn, o, out_stride)
-			KR_SWITCH(nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS, CALL)
+#define CALL(tn) KR_NAME(q4_k_row_tn)(x, nb, y, a_stride, T, tn, o, out_stride)
+			KR_SWITCH(tn, CALL)
 #undef CALL
 		}
 	}

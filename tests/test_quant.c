@@ -990,7 +990,7 @@ static void test_tables(const struct eng_kernels *k)
 static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrows,
 			  unsigned max_nt, eng_vec_dot8_fn fn, const char *name)
 {
-	static const size_t lens[] = { 32, 64, 256, 4096, 4160, 14336 };
+	static const size_t lens[] = { 32, 64, 256, 4096, 4160, 14336, 33024 };
 	uint32_t vt = eng_type_info(t)->vec_dot_type;
 	const bool r16 = t == ENG_TYPE_Q4_0_R16;
 	const uint32_t rt = r16 ? ENG_TYPE_Q4_0 : t; /* the type of a row */
@@ -1157,6 +1157,9 @@ int main(void)
 		if (eng_kernels_avx512()) {
 			test_same_bits(eng_kernels_avx512(), avx2);
 			test_vec_dot8(eng_kernels_avx512());
+			/* what a VNNI CPU without VBMI runs */
+			test_same_bits(eng_kernels_avx512_novbmi(), avx2);
+			test_vec_dot8(eng_kernels_avx512_novbmi());
 		}
 		else
 			printf("skip - avx512 vec_dot8: the CPU lacks AVX-512 VNNI\n");
