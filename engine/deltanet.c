@@ -18,9 +18,11 @@
  *
  * The matmuls take the whole batch; the recurrence goes token after token.
  * State: per layer, the last d_conv - 1 inputs of the convolution and the H_v
- * matrices S, in the context (zeroed by eng_ctx_reset).  Runs on the
- * caller's thread: the state update is d^2 per head and token, small next to
- * the matmuls.
+ * matrices S, in the context (zeroed by eng_ctx_reset).  Threading: the
+ * convolution runs on the caller; the recurrence, d^2 per head and token
+ * (a tenth of a Qwen3.5-9B decode step when it ran on the caller alone),
+ * goes head by head over the pool, each head through every token of the
+ * batch.  A rewind (below) steps on the caller.
  *
  * Undoing tokens (eng_ctx_truncate): a checkpoint copies the state aside,
  * and each token fed after it leaves the recurrence's inputs (the
@@ -32,6 +34,7 @@
 #include "model_i.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 static float sigmoid(float x)
@@ -61,7 +64,27 @@ static void l2norm(float *x, uint32_t n, float eps)
 		x[i] *= scale;
 }
 
-/* Sum of float products, in double (ggml's sum_rows of a product). */
+/*
+ * Sums of float products in double (ggml's sum_rows of a product), of
+ * DN_ROWS rows of s (d apart) with one vector x, each row's sum in its own
+ * order j = 0, 1, ...: the rows' additions are independent chains, so they
+ * overlap instead of each waiting for the one before (a double add's
+ * latency was most of a recurrent layer's serial time).
+ */
+#define DN_ROWS 8
+
+static void dots_d(double *sum, const float *s, const float *x, uint32_t d)
+{
+	double a[DN_ROWS] = { 0 };
+
+	for (uint32_t j = 0; j < d; j++)
+		for (unsigned r = 0; r < DN_ROWS; r++)
+			a[r] += (double)(s[(size_t)r * d + j] * x[j]);
+	for (unsigned r = 0; r < DN_ROWS; r++)
+		sum[r] = a[r];
+}
+
+/* the same for one row */
 static float dot_d(const float *a, const float *b, uint32_t n)
 {
 	double s = 0;
@@ -71,19 +94,18 @@ static float dot_d(const float *a, const float *b, uint32_t n)
 	return (float)s;
 }
 
-/* One token through the convolution and the recurrence: qkv (conv_dim
- * channels) in place becomes the token's output o [value_dim]. */
-static void step(struct eng_ctx *c, const struct layer_w *w, float *conv_state, float *S,
-		 float *qkv, const float *beta, const float *g, float *o)
+/* The causal convolution of one token, then silu; the state keeps the last
+ * K - 1 inputs.  qkv (conv_dim channels) in place becomes q, k (l2-normed per
+ * head, q / sqrt(d)) and v. */
+static void conv_step(const struct eng_ctx *c, const struct layer_w *w, float *conv_state,
+		      float *qkv)
 {
 	const struct eng_hparams *hp = &c->m->hp;
-	uint32_t d = hp->ssm_d_state, Hk = hp->ssm_n_k_heads, Hv = hp->ssm_n_v_heads;
+	uint32_t d = hp->ssm_d_state, Hk = hp->ssm_n_k_heads;
 	uint32_t K = hp->ssm_d_conv;
 	size_t key_dim = (size_t)Hk * d, conv_dim = 2 * key_dim + hp->ssm_d_inner;
 	const float *kern = (const float *)w->ssm_conv.data; /* [conv_dim][K] */
 
-	/* causal convolution over (state, this input), then silu; the state
-	 * keeps the last K - 1 inputs */
 	for (size_t ch = 0; ch < conv_dim; ch++) {
 		float sum = 0.0f;
 
@@ -97,7 +119,7 @@ static void step(struct eng_ctx *c, const struct layer_w *w, float *conv_state, 
 		qkv[ch] = silu(sum);
 	}
 
-	float *q = qkv, *k = qkv + key_dim, *v = qkv + 2 * key_dim;
+	float *q = qkv, *k = qkv + key_dim;
 	float qscale = 1.0f / sqrtf((float)d);
 
 	for (uint32_t h = 0; h < Hk; h++) {
@@ -106,22 +128,68 @@ static void step(struct eng_ctx *c, const struct layer_w *w, float *conv_state, 
 		for (uint32_t i = 0; i < d; i++)
 			q[h * d + i] *= qscale;
 	}
-	for (uint32_t h = 0; h < Hv; h++) {
-		float *s = S + (size_t)h * d * d; /* s[i][j]: value i, key j */
-		const float *kh = k + (h % Hk) * d, *qh = q + (h % Hk) * d, *vh = v + h * d;
-		float decay = expf(g[h]);
+}
 
-		for (size_t i = 0; i < (size_t)d * d; i++)
-			s[i] *= decay;
-		for (uint32_t i = 0; i < d; i++) {
-			float delta = (vh[i] - dot_d(s + (size_t)i * d, kh, d)) * beta[h];
+/*
+ * v head h of one token: qkv as conv_step left it, the head's state s
+ * [d (v)][d (k)] and its output oh [d].  Each row i of s is its own
+ * recurrence (decay, the delta rule, the output all read and write row i
+ * only), so the rows go one group after another, each through all three
+ * steps while in cache: the same arithmetic, in the same order per row, as
+ * decaying the whole matrix, then updating it, then reading it.
+ */
+static void head_step(const struct eng_hparams *hp, float *s, const float *qkv, uint32_t h,
+		      float beta, float g, float *oh)
+{
+	uint32_t d = hp->ssm_d_state, Hk = hp->ssm_n_k_heads;
+	size_t key_dim = (size_t)Hk * d;
+	const float *kh = qkv + key_dim + (h % Hk) * d, *qh = qkv + (h % Hk) * d;
+	const float *vh = qkv + 2 * key_dim + (size_t)h * d;
+	float decay = expf(g);
+	uint32_t i = 0;
+
+	for (; i + DN_ROWS <= d; i += DN_ROWS) {
+		float *si = s + (size_t)i * d;
+		double sk[DN_ROWS], sq[DN_ROWS];
+
+		for (size_t e = 0; e < (size_t)DN_ROWS * d; e++)
+			si[e] *= decay;
+		dots_d(sk, si, kh, d);
+		for (unsigned r = 0; r < DN_ROWS; r++) {
+			float delta = (vh[i + r] - (float)sk[r]) * beta;
 
 			for (uint32_t j = 0; j < d; j++)
-				s[(size_t)i * d + j] += kh[j] * delta;
+				si[(size_t)r * d + j] += kh[j] * delta;
 		}
-		for (uint32_t i = 0; i < d; i++)
-			o[h * d + i] = dot_d(s + (size_t)i * d, qh, d);
+		dots_d(sq, si, qh, d);
+		for (unsigned r = 0; r < DN_ROWS; r++)
+			oh[i + r] = (float)sq[r];
 	}
+	for (; i < d; i++) {
+		float *si = s + (size_t)i * d;
+
+		for (uint32_t j = 0; j < d; j++)
+			si[j] *= decay;
+		float delta = (vh[i] - dot_d(si, kh, d)) * beta;
+
+		for (uint32_t j = 0; j < d; j++)
+			si[j] += kh[j] * delta;
+		oh[i] = dot_d(si, qh, d);
+	}
+}
+
+/* One token through the convolution and the recurrence, every head on this
+ * thread: qkv (conv_dim channels) in place becomes the token's output o
+ * [value_dim]. */
+static void step(struct eng_ctx *c, const struct layer_w *w, float *conv_state, float *S,
+		 float *qkv, const float *beta, const float *g, float *o)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+	uint32_t d = hp->ssm_d_state;
+
+	conv_step(c, w, conv_state, qkv);
+	for (uint32_t h = 0; h < hp->ssm_n_v_heads; h++)
+		head_step(hp, S + (size_t)h * d * d, qkv, h, beta[h], g[h], o + (size_t)h * d);
 }
 
 static size_t conv_dim_of(const struct eng_hparams *hp)
@@ -183,6 +251,47 @@ void deltanet_rewind(struct eng_ctx *c, uint32_t n)
 	}
 }
 
+/*
+ * The v heads of a batch over the pool: a head's rows of every token (its
+ * state matrices are its own; the rows' tokens in order, as a sequence's
+ * states must go), then its gated norm.  Threads take heads from a shared
+ * counter, so one slowed by a neighbour does not hold the other up.
+ */
+struct heads_job {
+	struct eng_ctx *c;
+	const struct layer_w *w;
+	uint32_t nb;
+	const float *qkv, *z, *beta, *g; /* as deltanet_forward lays them out */
+	float *o;
+	_Atomic uint32_t next; /* the next head to take */
+};
+
+static void heads_worker(void *arg, unsigned ith, unsigned nth)
+{
+	struct heads_job *j = arg;
+	const struct eng_ctx *c = j->c;
+	const struct eng_hparams *hp = &c->m->hp;
+	uint32_t d = hp->ssm_d_state, Hv = hp->ssm_n_v_heads, V = hp->ssm_d_inner;
+	size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * d + V;
+	const float *nw = (const float *)j->w->ssm_norm.data;
+	uint32_t h;
+
+	(void)ith;
+	(void)nth;
+	while ((h = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < Hv)
+		for (uint32_t b = 0; b < j->nb; b++) {
+			float *S = c->row_ctx[b]->ssm_state + (size_t)j->w->slot * Hv * d * d;
+			float *oh = j->o + (size_t)b * V + (size_t)h * d;
+			const float *zh = j->z + (size_t)b * V + (size_t)h * d;
+
+			head_step(hp, S + (size_t)h * d * d, j->qkv + b * conv_dim, h,
+				  j->beta[b * Hv + h], j->g[b * Hv + h], oh);
+			rmsnorm(oh, oh, nw, d, hp->norm_eps);
+			for (uint32_t i = 0; i < d; i++)
+				oh[i] *= silu(zh[i]);
+		}
+}
+
 void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
@@ -196,8 +305,6 @@ void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	float *g = beta + (size_t)nb * Hv;            /* [nb][Hv] */
 	float *o = g + (size_t)nb * Hv;               /* [nb][V] */
 	const float *dt = (const float *)w->ssm_dt.data, *a = (const float *)w->ssm_a.data;
-	const float *nw = (const float *)w->ssm_norm.data;
-
 	/* the projections, for the whole batch */
 	{
 		const struct wt *ws[2] = { &w->ssm_qkv, &w->ssm_gate };
@@ -217,14 +324,11 @@ void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 			g[b * Hv + h] = softplus(g[b * Hv + h] + dt[h]) * a[h];
 		}
 
-	/* the recurrence, token after token; then the gated norm per head */
+	/* the convolution, token after token (each row's own sequence: its
+	 * state, its undo record) */
 	for (uint32_t b = 0; b < nb; b++) {
-		float *ob = o + (size_t)b * V;
-		const float *zb = z + (size_t)b * V;
-		/* the row's own sequence: its state, its undo record */
 		struct eng_ctx *rc = c->row_ctx[b];
 		float *conv_state = rc->conv_state + (size_t)w->slot * (K - 1) * conv_dim;
-		float *S = rc->ssm_state + (size_t)w->slot * Hv * d * d;
 		uint32_t since = c->row_pos[b] - rc->undo_from;
 
 		if (rc->undo_ok && since < rc->undo_max) {
@@ -234,13 +338,14 @@ void deltanet_forward(struct eng_ctx *c, uint32_t l, uint32_t nb)
 			memcpy(in + conv_dim, beta + b * Hv, Hv * sizeof(float));
 			memcpy(in + conv_dim + Hv, g + b * Hv, Hv * sizeof(float));
 		}
-
-		step(c, w, conv_state, S, qkv + b * conv_dim, beta + b * Hv, g + b * Hv, ob);
-		for (uint32_t h = 0; h < Hv; h++) {
-			rmsnorm(ob + h * d, ob + h * d, nw, d, hp->norm_eps);
-			for (uint32_t i = 0; i < d; i++)
-				ob[h * d + i] *= silu(zb[h * d + i]);
-		}
+		conv_step(c, w, conv_state, qkv + b * conv_dim);
 	}
+
+	/* the recurrence and the gated norm, head by head over the pool */
+	struct heads_job j = { .c = c, .w = w, .nb = nb, .qkv = qkv, .z = z, .beta = beta,
+			       .g = g, .o = o };
+
+	atomic_init(&j.next, 0);
+	eng_pool_run(c->pool, heads_worker, &j);
 	matmul1(c, &w->ssm_out, c->xb, o, nb);
 }
