@@ -380,11 +380,36 @@ q4_0_load8(struct q4_0_x8 *x, const uint8_t *rows, size_t stride, size_t ib)
  * tokens (8: 1.24x the GMAC/s of 4 on one core, 256 rows of 4096, best of 5). */
 #define Q4_0_NT_AVX2 8
 
+/* Block ib of eight rows, unpacked in x, by nt packed tokens: acc[t] lane r
+ * += row r's block sum times x.d[r] * y.d, one FMA as the scalar chain. */
+static inline __attribute__((always_inline)) void
+q4_0_x8_tokens(const struct q4_0_x8 *x, const unsigned nt, const uint8_t *act, size_t a_stride,
+	       size_t ib, __m256 *acc)
+{
+	const __m256i ones = _mm256_set1_epi16(1);
+
+	for (unsigned t = 0; t < nt; t++) {
+		const struct q8_0s *y = (const struct q8_0s *)(act + t * a_stride) + ib;
+		__m256i p16 = _mm256_setzero_si256();
+
+		for (int k = 0; k < 4; k++) {
+			p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
+				x->lo[k], _mm256_set1_epi32(y->qs[k])));
+			p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
+				x->hi[k], _mm256_set1_epi32(y->qs[4 + k])));
+		}
+		const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
+						   _mm256_set1_epi32(y->base));
+
+		acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+					 _mm256_mul_ps(x->d, _mm256_set1_ps(y->d)), acc[t]);
+	}
+}
+
 static inline __attribute__((always_inline)) void
 dot8_q4_0_avx2(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
 	       size_t stride, const uint8_t *act, size_t a_stride)
 {
-	const __m256i ones = _mm256_set1_epi16(1);
 	__m256 acc[Q4_0_NT_AVX2];
 
 	for (unsigned t = 0; t < nt; t++)
@@ -393,22 +418,7 @@ dot8_q4_0_avx2(size_t n, const unsigned nt, float *out, size_t out_stride, const
 		struct q4_0_x8 x;
 
 		q4_0_load8(&x, rows, stride, ib);
-		for (unsigned t = 0; t < nt; t++) {
-			const struct q8_0s *y = (const struct q8_0s *)(act + t * a_stride) + ib;
-			__m256i p16 = _mm256_setzero_si256();
-
-			for (int k = 0; k < 4; k++) {
-				p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
-					x.lo[k], _mm256_set1_epi32(y->qs[k])));
-				p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
-					x.hi[k], _mm256_set1_epi32(y->qs[4 + k])));
-			}
-			const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
-							   _mm256_set1_epi32(y->base));
-
-			acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
-						 _mm256_mul_ps(x.d, _mm256_set1_ps(y->d)), acc[t]);
-		}
+		q4_0_x8_tokens(&x, nt, act, a_stride, ib, acc);
 	}
 	for (unsigned t = 0; t < nt; t++)
 		_mm256_storeu_ps(out + t * out_stride, acc[t]);
@@ -421,9 +431,9 @@ dot8_q4_0_avx2(size_t n, const unsigned nt, float *out, size_t out_stride, const
  * and no transpose, and the half's eight scales lie side by side for one
  * cvtph.  The 16 rows are one run read front to back, which the hardware
  * prefetcher follows, so no software prefetch.  The rest is
- * dot8_q4_0_avx2's: the nibbles unpacked once for up to eight packed
- * (pack8) tokens, eight maddubs and one madd per token and half, one FMA in
- * block order per row: the same bits as vec_dot_q4_0_q8_0.
+ * dot8_q4_0_avx2's q4_0_x8_tokens: the nibbles unpacked once for up to eight
+ * packed (pack8) tokens, one FMA in block order per row: the same bits as
+ * vec_dot_q4_0_q8_0.
  */
 static inline __attribute__((always_inline)) void
 r16_load8(struct q4_0_x8 *x, const struct eng_block_q4_0_r16 *b, int h)
@@ -443,7 +453,6 @@ static inline __attribute__((always_inline)) void
 dot16_q4_0_r16_avx2(size_t n, const unsigned nt, float *out, size_t out_stride,
 		    const struct eng_block_q4_0_r16 *xb, const uint8_t *act, size_t a_stride)
 {
-	const __m256i ones = _mm256_set1_epi16(1);
 	__m256 acc[2][Q4_0_NT_AVX2];
 
 	for (unsigned t = 0; t < nt; t++)
@@ -453,24 +462,7 @@ dot16_q4_0_r16_avx2(size_t n, const unsigned nt, float *out, size_t out_stride,
 			struct q4_0_x8 x;
 
 			r16_load8(&x, &xb[ib], h);
-			for (unsigned t = 0; t < nt; t++) {
-				const struct q8_0s *y =
-					(const struct q8_0s *)(act + t * a_stride) + ib;
-				__m256i p16 = _mm256_setzero_si256();
-
-				for (int k = 0; k < 4; k++) {
-					p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
-						x.lo[k], _mm256_set1_epi32(y->qs[k])));
-					p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(
-						x.hi[k], _mm256_set1_epi32(y->qs[4 + k])));
-				}
-				const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(p16, ones),
-								   _mm256_set1_epi32(y->base));
-
-				acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
-							    _mm256_mul_ps(x.d, _mm256_set1_ps(y->d)),
-							    acc[h][t]);
-			}
+			q4_0_x8_tokens(&x, nt, act, a_stride, ib, acc[h]);
 		}
 	}
 	for (unsigned t = 0; t < nt; t++) {
