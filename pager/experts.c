@@ -193,23 +193,37 @@ static bool lists(struct client *c)
 	return true;
 }
 
-void pager_experts_route(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n)
+/*
+ * Whether a ROUTE or HINT of n experts of layer is for the expert cache: not
+ * when the model is served by whole layers (--fuse: the faults say it all),
+ * and the client is dropped for a layer the model does not have or a list
+ * longer than the model's experts (n <= them once none is named twice:
+ * units_of checks that).
+ */
+static bool experts_apply(struct client *c, uint32_t layer, uint32_t n)
 {
-	struct model *m = c->m;
-	const struct pager_layout *l = m->lay;
+	const struct pager_layout *l = c->m->lay;
 
 	if (!l->n_experts) {
 		if (layer >= l->n_layers)
 			pager_drop_client(c, "it routed a layer the model does not have");
-		return; /* served by whole layers (--fuse): the faults say it all */
+		return false;
 	}
 	if (!lists(c))
-		return;
-	/* n <= the model's experts once none is named twice: checked there */
+		return false;
 	if (n > l->n_experts) {
 		pager_drop_client(c, "it routed to an expert twice");
-		return;
+		return false;
 	}
+	return true;
+}
+
+void pager_experts_route(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n)
+{
+	struct model *m = c->m;
+
+	if (!experts_apply(c, layer, n))
+		return;
 	unpin(c);
 	if (!units_of(c, layer, experts, n, c->route))
 		return;
@@ -356,17 +370,8 @@ void pager_experts_hint(struct client *c, uint32_t layer, const uint8_t *experts
 	struct model *m = c->m;
 	const struct pager_layout *l = m->lay;
 
-	if (!l->n_experts) {
-		if (layer >= l->n_layers)
-			pager_drop_client(c, "it routed a layer the model does not have");
+	if (!experts_apply(c, layer, n))
 		return;
-	}
-	if (!lists(c))
-		return;
-	if (n > l->n_experts) {
-		pager_drop_client(c, "it routed to an expert twice");
-		return;
-	}
 	unpin_hint(c);
 	if (!units_of(c, layer, experts, n, c->hint))
 		return;
