@@ -3,7 +3,7 @@
 
   tools/bench-bound.py --shape qwen3-8b [--shape ...] [--type q4_k_m]
                        [--dir /work/bench] [--keep] [--rounds 3] [--tokens 16]
-                       [--llama NAME=path/to/llama-bench ...]
+                       [--llama NAME=PATH[:LIBDIR] ...]
 
 For each shape, the model is made with strata-mkmodel into DIR unless it is
 there (and removed after its rounds unless --keep or it was there: 8B files
@@ -15,9 +15,14 @@ are 5 GB each).  Each round reads the file into the page cache, then runs
                paired ratio (each token against a memory pass just before it);
   llama NAME   `llama-bench -m M -p 0 -n TOKENS -r 1` of each build given: its
                decode tok/s, set against the bound strata measured in the same
-               round (llama.cpp reads the same weight bytes a token).
+               round (llama.cpp reads the same weight bytes a token); with
+               LIBDIR, its ggml libraries from there first.
 
-Prints a markdown table of medians, runs in brackets.
+Each run, with the reading before it, holds the machine's benchmark lock
+(/tmp/strata-bench.lock) and lets it go after, so that other sessions
+measure between runs: run the script WITHOUT an outer `flock` of that file
+(it would wait for itself; it exits saying so).  Prints a markdown table of
+medians, runs in brackets.
 """
 import argparse
 import json
@@ -26,7 +31,7 @@ import statistics
 import subprocess
 import sys
 
-from benchlib import STRATA
+from benchlib import STRATA, bench_lock, llama_bench, llama_spec, warm
 
 MKMODEL = os.path.join(os.path.dirname(STRATA), "tools", "strata-mkmodel")
 
@@ -38,9 +43,9 @@ ap.add_argument("--keep", action="store_true")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--llama", action="append", default=[], help="NAME=path/to/llama-bench")
+ap.add_argument("--llama", action="append", default=[], help="NAME=PATH[:LIBDIR]")
 a = ap.parse_args()
-llamas = dict(x.split("=", 1) for x in a.llama)
+llamas = {n: (p, lib) for n, p, lib in map(llama_spec, a.llama)}
 
 
 def run(cmd):
@@ -48,12 +53,6 @@ def run(cmd):
     if r.returncode:
         sys.exit(f"{os.path.basename(cmd[0])} failed: {r.stderr[-2000:]}")
     return r.stdout
-
-
-def warm(path):
-    with open(path, "rb") as f:
-        while f.read(64 << 20):
-            pass
 
 
 def fmt(v, d=2):
@@ -74,22 +73,22 @@ for shape in a.shape:
     lres = {n: ([], []) for n in llamas}
     try:
         for _ in range(a.rounds):
-            warm(path)
-            js = json.loads(run([STRATA, "bench", "-m", path, "-p", "0", "-n", str(a.tokens),
-                                 "-t", str(a.threads), "--json"]))
+            with bench_lock():
+                warm(path)
+                js = json.loads(run([STRATA, "bench", "-m", path, "-p", "0", "-n",
+                                     str(a.tokens), "-t", str(a.threads), "--json"]))
             res["tps"].append(js["decode_tps"])
             res["bound"].append(js["decode_bound_tps"])
             res["frac"].append(js["decode_fraction"])
             res["paired"].append(js["paired_fraction"])
-            for name, bench in llamas.items():
-                r = subprocess.run([bench, "-m", path, "-p", "0", "-n", str(a.tokens), "-r", "1",
-                                    "-t", str(a.threads), "-o", "json"], capture_output=True,
-                                   text=True)
-                if r.returncode:  # a shape it does not load: say so, go on
-                    print(f"llama.cpp {name} on {shape}: {r.stderr.strip()[-300:]}",
-                          file=sys.stderr)
+            for name, (bench, lib) in llamas.items():
+                with bench_lock():
+                    warm(path)
+                    j, err = llama_bench(bench, path, 0, a.tokens, a.threads, lib)
+                if err:  # a shape it does not load: say so, go on
+                    print(f"llama.cpp {name} on {shape}: {err}", file=sys.stderr)
                     continue
-                tps = json.loads(r.stdout)[0]["avg_ts"]
+                tps = j["decode"]
                 lres[name][0].append(tps)
                 lres[name][1].append(tps / js["decode_bound_tps"])
     finally:

@@ -31,9 +31,9 @@ medians (decode tok/s, strata / llama.cpp), per-run values, the cgroup's
 peak usage and failcnt, and the storage bandwidth the daemon measured for
 the device.  Needs root (cgroup, drop_caches).
 """
-import argparse, json, os, signal, statistics, subprocess, sys, tempfile
+import argparse, os, signal, statistics, sys, tempfile
 
-from benchlib import Cgroup, bench_paged, drop_caches, size, start_daemon, status
+from benchlib import Cgroup, bench_paged, drop_caches, llama_bench, size, start_daemon, status
 
 
 ap = argparse.ArgumentParser()
@@ -77,12 +77,10 @@ def run_strata(model, cg):
 
 
 def run_llama(model, cg):
-    r = subprocess.run([a.llama_bench, "-m", model, "-p", "0", "-n", str(a.tokens), "-r", "1",
-                        "-t", str(a.threads), "-o", "json"], capture_output=True, text=True,
-                       preexec_fn=cg.enter)
-    if r.returncode:
-        sys.exit("llama-bench failed: " + r.stderr[-2000:])
-    return {"tps": json.loads(r.stdout)[0]["avg_ts"]}
+    j, err = llama_bench(a.llama_bench, model, 0, a.tokens, a.threads, preexec_fn=cg.enter)
+    if err:
+        sys.exit("llama-bench failed: " + err)
+    return {"tps": j["decode"]}
 
 
 def run_fuse(model, cg):

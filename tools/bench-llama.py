@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """strata's kernels against llama.cpp's, fully resident, in interleaved rounds.
 
-  tools/bench-llama.py --model M.gguf [--model ...] --llama NAME=PATH [--llama ...]
+  tools/bench-llama.py --model M.gguf [--model ...] --llama NAME=PATH[:LIBDIR] [...]
                        [--isa avx512,avx2] [--reps 3] [--threads 2]
                        [--prompt 64] [--tokens 16] [--batch 8]
 
-Per round, per model (each model's file read into the page cache first):
+Per round, per model, each run after reading the model's file into the page
+cache:
 
   strata ISA   `STRATA_ISA=ISA strata bench -m M -p PROMPT -n TOKENS` for each
                ISA asked for: the prompt's and decode's tok/s;
@@ -14,19 +15,25 @@ Per round, per model (each model's file read into the page cache first):
                of the run above (the cost of verifying BATCH drafts at once);
   llama NAME   `llama-bench -m M -p PROMPT -n TOKENS -r 1` of each build given
                (e.g. default=/work/llama/build-default/bin/llama-bench,
-               avx2=/work/llama/build-avx2-default/bin/llama-bench).
+               avx2=/work/llama/build-avx2-default/bin/llama-bench; with LIBDIR,
+               its ggml libraries from there first).
+
+Each run, with the reading before it, holds the machine's benchmark lock
+(/tmp/strata-bench.lock) and lets it go after, so that other sessions
+measure between runs: run the script WITHOUT an outer `flock` of that file
+(it would wait for itself; it exits saying so).
 
 Prints a markdown table of medians (runs in brackets) and the ratios strata /
 llama.cpp of each ISA against each build, so that each path is compared with
 the build that uses the same instructions (pair them in the text).
 """
-import argparse, json, os, signal, statistics, subprocess, sys
+import argparse, json, os, statistics, subprocess, sys
 
-from benchlib import STRATA
+from benchlib import STRATA, bench_lock, llama_bench, llama_spec, warm
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", action="append", required=True)
-ap.add_argument("--llama", action="append", default=[], help="NAME=path/to/llama-bench")
+ap.add_argument("--llama", action="append", default=[], help="NAME=PATH[:LIBDIR]")
 ap.add_argument("--isa", default="avx512,avx2")
 ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--threads", type=int, default=2)
@@ -35,43 +42,31 @@ ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--batch", type=int, default=8)
 a = ap.parse_args()
 isas = a.isa.split(",")
-llamas = dict(x.split("=", 1) for x in a.llama)
+llamas = {n: (p, lib) for n, p, lib in map(llama_spec, a.llama)}
 
 
 def strata(model, isa, prompt, tokens):
     env = dict(os.environ, STRATA_ISA=isa)
-    r = subprocess.run([STRATA, "bench", "-m", model, "-p", str(prompt), "-n", str(tokens), "-t",
-                        str(a.threads), "--no-hw", "--json"], capture_output=True, text=True,
-                       env=env)
+    with bench_lock():
+        warm(model)
+        r = subprocess.run([STRATA, "bench", "-m", model, "-p", str(prompt), "-n", str(tokens),
+                            "-t", str(a.threads), "--no-hw", "--json"], capture_output=True,
+                           text=True, env=env)
     if r.returncode:
         sys.exit(f"strata bench failed: {r.stderr}")
     return json.loads(r.stdout)
 
 
-def llama(path, model):
-    r = subprocess.run([path, "-m", model, "-p", str(a.prompt), "-n", str(a.tokens), "-r", "1",
-                        "-t", str(a.threads), "-o", "json"], capture_output=True, text=True)
-    if r.returncode:
-        why = (f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0
-               else f"exit status {r.returncode}")
-        return None, f"{why} {r.stderr.strip()[-500:]}".strip()
-    out = {}
-    for row in json.loads(r.stdout):
-        out["prompt" if row["n_prompt"] else "decode"] = row["avg_ts"]
-    return out, None
-
-
-def warm(model):
-    with open(model, "rb") as f:
-        while f.read(64 << 20):
-            pass
+def llama(spec, model):
+    with bench_lock():
+        warm(model)
+        return llama_bench(spec[0], model, a.prompt, a.tokens, a.threads, spec[1])
 
 
 runs = {}  # (model, engine) -> {"prompt": [...], "decode": [...], "pass": [...]}
 dead = {}  # llama.cpp build -> why it failed: left out of the rest of the run
 for rep in range(a.reps):
     for m in a.model:
-        warm(m)
         name = os.path.basename(m)
         for isa in isas:
             j = strata(m, isa, a.prompt, a.tokens)
@@ -84,10 +79,10 @@ for rep in range(a.reps):
             print(f"rep {rep + 1} {name} strata {isa}: prompt {j['prompt_tps']:.2f}, decode "
                   f"{j['decode_tps']:.2f} tok/s, {a.batch} positions {r['pass'][-1]:.2f}x a token",
                   file=sys.stderr)
-        for lname, path in llamas.items():
+        for lname, spec in llamas.items():
             if lname in dead:
                 continue
-            j, err = llama(path, m)
+            j, err = llama(spec, m)
             if err:
                 # a build that dies on this CPU (a native build using an
                 # instruction the machine lacks: SIGILL) dies every time

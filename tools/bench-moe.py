@@ -46,13 +46,18 @@ before the repetitions.  Without it, the daemon's measure (wall time less
 the time any of the engine's faults waited: a median of its reports, which
 include the engine's first tokens), printed per run either way.
 
-The page cache is dropped before every run.  Prints a markdown table of
-medians (decode tok/s), per-run values, peak cgroup usage, failcnt and OOM
-kills.  Needs root (cgroup, drop_caches).
+The page cache is dropped before every run.  Each run (and the compute
+model's three) holds the machine's benchmark lock, /tmp/strata-bench.lock,
+from the drop to its end, and lets it go between runs, so that other
+sessions measure in between: run the script itself WITHOUT an outer
+`flock /tmp/strata-bench.lock` (it would wait for itself; it exits saying
+so).  Prints a markdown table of medians (decode tok/s), per-run values,
+peak cgroup usage, failcnt and OOM kills.  Needs root (cgroup, drop_caches).
 """
 import argparse, json, os, statistics, subprocess, sys
 
-from benchlib import STRATA, Cgroup, bench_paged, drop_caches, size
+from benchlib import STRATA, Cgroup, bench_lock, bench_paged, drop_caches, llama_bench, \
+    llama_spec, size
 
 
 ap = argparse.ArgumentParser()
@@ -71,13 +76,15 @@ limit = size(a.limit)
 
 
 def resident_compute(model):
-    """Seconds a token with every weight of model in memory."""
+    """Seconds a token with every weight of model in memory (one measurement:
+    the three runs under one hold of the lock)."""
     tps = []
-    for _ in range(3):  # the first warms the page cache
-        r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens), "-c",
-                            "64", "-b", "32", "-t", str(a.threads), "--no-hw", "--json"],
-                           capture_output=True, text=True, check=True)
-        tps.append(json.loads(r.stdout)["decode_tps"])
+    with bench_lock():
+        for _ in range(3):  # the first warms the page cache
+            r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens),
+                                "-c", "64", "-b", "32", "-t", str(a.threads), "--no-hw",
+                                "--json"], capture_output=True, text=True, check=True)
+            tps.append(json.loads(r.stdout)["decode_tps"])
     return 1 / max(tps[1:])
 
 
@@ -119,17 +126,10 @@ def run_strata(model, cg, daemon_args=(), build=None):
             "io": f"{after['io']['chunk_bytes'] >> 10} KiB x {after['io']['depth']}"}
 
 
-def run_llama(spec):
-    path, _, lib = spec.partition(":")
-    env = dict(os.environ, LD_LIBRARY_PATH=lib) if lib else None
-
+def run_llama(path, lib):
     def run(model, cg):
-        r = subprocess.run([path, "-m", model, "-p", "0", "-n", str(a.tokens), "-r", "1",
-                            "-t", str(a.threads), "-o", "json"], capture_output=True, text=True,
-                           preexec_fn=cg.enter, env=env)
-        if r.returncode:
-            return {"tps": 0.0, "failed": r.stderr[-300:]}
-        return {"tps": json.loads(r.stdout)[0]["avg_ts"]}
+        j, err = llama_bench(path, model, 0, a.tokens, a.threads, lib, cg.enter)
+        return {"tps": 0.0, "failed": err} if err else {"tps": j["decode"]}
     return run
 
 
@@ -137,20 +137,21 @@ engines = [("strata", run_strata)] + ([("strata no-lookahead", lambda m, cg: run
     m, cg, ["--no-lookahead"]))] if a.no_lookahead_too else []) + [
     ("strata " + n, (lambda b: lambda m, cg: run_strata(m, cg, build=b))(d))
     for n, _, d in (x.partition("=") for x in a.strata_build)] + [
-    ("llama.cpp " + l.partition("=")[0], run_llama(l.partition("=")[2])) for l in a.llama]
+    ("llama.cpp " + n, run_llama(p, lib)) for n, p, lib in map(llama_spec, a.llama)]
 res = {m: {who: [] for who, _ in engines} for m in a.model}
 for rep in range(a.reps):
     for m in a.model:
         for who, fn in engines:
-            drop_caches()
-            cg = Cgroup(limit, "strata-bench-moe")
-            try:
-                r = fn(m, cg)
-                r["peak"] = cg.read("memory.max_usage_in_bytes")
-                r["failcnt"] = cg.read("memory.failcnt")
-                r["oom"] = cg.oom_kills()
-            finally:
-                cg.remove()
+            with bench_lock():
+                drop_caches()
+                cg = Cgroup(limit, "strata-bench-moe")
+                try:
+                    r = fn(m, cg)
+                    r["peak"] = cg.read("memory.max_usage_in_bytes")
+                    r["failcnt"] = cg.read("memory.failcnt")
+                    r["oom"] = cg.oom_kills()
+                finally:
+                    cg.remove()
             res[m][who].append(r)
             print(f"rep {rep + 1} {os.path.basename(m)} {who}: {r['tps']:.3f} tok/s" +
                   (f", hit rate {r['hit']:.3f}, {r['mib_tok']:.1f} MiB/token, compute "

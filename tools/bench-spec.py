@@ -18,6 +18,12 @@ gain) drafts for it (docs/benchmarks.md says which G gives what).
 Each round runs the settings, and the variants within each, in an order rotated
 by one from the round before, so that none is always first or last.
 
+Each run holds the machine's benchmark lock (/tmp/strata-bench.lock), with
+what it needs just before it (the model files read into the page cache; for a
+streamed set, dropping the cache and starting the daemon), and lets it go
+after, so that other sessions measure between runs: run the script WITHOUT an
+outer `flock` of that file (it would wait for itself; it exits saying so).
+
 usage: tools/bench-spec.py --target T.gguf --draft D.gguf [--poor-draft P.gguf]
        [--budget 2G] [--rounds 3] [--sizes 1,2,4,8,12,16] [-n 48] [--fixed 8[,K...]]
        [--settings resident,streamed] [--variants plain,adaptive,fixed,poor] [--no-passes]
@@ -32,7 +38,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import STRATA, drop_caches, size, start_daemon, status  # noqa: E402
+from benchlib import STRATA, bench_lock, drop_caches, size, start_daemon, status, \
+    warm  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--target", required=True)
@@ -61,7 +68,14 @@ common = ["--json", "--no-hw", "-t", str(a.threads), "-p", "16", "-c", "512"]
 
 def bench(args, pager):
     cmd = [STRATA, "bench", "-m", a.target, *common, *args] + (["--pager", sock] if pager else [])
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    drafts = [args[i + 1] for i, x in enumerate(args) if x == "--draft-model"]
+    with bench_lock():
+        # what reads the files through the page cache (another session may
+        # have dropped it while the lock was free): the target unless paged,
+        # the draft always
+        for f in drafts + ([] if pager else [a.target]):
+            warm(f)
+        r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
     j = json.loads(r.stdout)
@@ -76,8 +90,9 @@ def bench(args, pager):
 
 
 def daemon():
-    drop_caches()
-    return start_daemon(sock, ["--budget", str(size(a.budget)), a.target])
+    with bench_lock():
+        drop_caches()
+        return start_daemon(sock, ["--budget", str(size(a.budget)), a.target])
 
 
 def stop(d):

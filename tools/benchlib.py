@@ -1,7 +1,9 @@
-"""What the benchmark scripts share: where the programs are, dropping the
-page cache, a daemon's status, starting a daemon and waiting for it, a
-decode benchmark through a daemon, sizes written as 2G or 512M, and a
-memory cgroup (v1) to run in."""
+"""What the benchmark scripts share: where the programs are, the machine's
+benchmark lock, dropping the page cache, a daemon's status, starting a daemon
+and waiting for it, a decode benchmark through a daemon, llama.cpp's
+llama-bench, sizes written as 2G or 512M, and a memory cgroup (v1) to run in."""
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -18,6 +20,57 @@ STRATAD = os.path.join(BUILD, "daemon", "stratad")
 CTL = os.path.join(BUILD, "tools", "stratactl")
 IOBENCH = os.path.join(BUILD, "tools", "strata-iobench")
 MKMODEL = os.path.join(BUILD, "tools", "strata-mkmodel")
+
+# flock(1)'s lock file: whoever measures speed on this shared machine holds it
+LOCK = "/tmp/strata-bench.lock"
+
+
+def lock_holders():
+    """Pids holding a flock on LOCK (from /proc/locks)."""
+    try:
+        st = os.stat(LOCK)
+    except FileNotFoundError:
+        return set()
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = set()
+    for line in open("/proc/locks"):
+        f = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 00:1f:5678 0 EOF" ("->" before a waiter's type)
+        if "FLOCK" in f and dev in f:
+            pids.add(int(f[f.index(dev) - 1]))
+    return pids
+
+
+def ancestors():
+    """This process's parent, its parent, ... up to pid 1."""
+    pid, out = os.getpid(), []
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the name
+        out.append(pid)
+    return out
+
+
+@contextlib.contextmanager
+def bench_lock():
+    """Hold LOCK (exclusive) for one measurement: one engine's run with what
+    it needs just before (dropping or warming the page cache), so that other
+    sessions measure between this script's runs and no one's run shares the
+    machine.  A script run under an outer `flock LOCK ...` would wait for its
+    own parent forever: it exits saying so instead."""
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if lock_holders() & set(ancestors()):
+                sys.exit(f"{os.path.basename(sys.argv[0])}: takes {LOCK} itself, run by run: "
+                         "run it without an outer flock")
+            print(f"waiting for {LOCK}", file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def drop_caches():
@@ -50,6 +103,43 @@ def start_daemon(sock, args, preexec_fn=None, stderr=subprocess.DEVNULL, timeout
                       else ""))
         time.sleep(0.02)  # polling the socket with a deadline
     return d
+
+
+def llama_spec(spec):
+    """"NAME=PATH[:LIBDIR]" -> (NAME, PATH, LIBDIR or None)."""
+    name, _, rest = spec.partition("=")
+    path, _, lib = rest.partition(":")
+    if not name or not path:
+        sys.exit(f"--llama {spec}: expected NAME=PATH[:LIBDIR]")
+    return name, path, lib or None
+
+
+def llama_bench(path, model, prompt, tokens, threads, libdir=None, preexec_fn=None):
+    """llama.cpp's `PATH -m MODEL -p PROMPT -n TOKENS -r 1 -t THREADS -o json`
+    (llama-bench; with LIBDIR its ggml libraries from there first: e.g. a
+    libggml-cpu.so built with GGML_CPU_REPACK=OFF, whose weights stay in the
+    mapped file).  Returns ({"prompt": tok/s, "decode": tok/s} of the parts
+    asked for, None) or (None, why it failed): a build that dies on this CPU
+    (SIGILL), or the OOM killer of a cgroup it runs in."""
+    env = dict(os.environ, LD_LIBRARY_PATH=libdir) if libdir else None
+    r = subprocess.run([path, "-m", model, "-p", str(prompt), "-n", str(tokens), "-r", "1",
+                        "-t", str(threads), "-o", "json"], capture_output=True, text=True,
+                       env=env, preexec_fn=preexec_fn)
+    if r.returncode:
+        why = (f"killed by {signal.Signals(-r.returncode).name}" if r.returncode < 0
+               else f"exit status {r.returncode}")
+        return None, f"{why} {r.stderr.strip()[-300:]}".strip()
+    out = {}
+    for row in json.loads(r.stdout):
+        out["prompt" if row["n_prompt"] else "decode"] = row["avg_ts"]
+    return out, None
+
+
+def warm(path):
+    """Read path into the page cache."""
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
 
 
 def size(s):
