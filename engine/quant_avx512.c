@@ -721,6 +721,9 @@ BASELINE static void avx512_init(void)
 	avx512_novbmi = avx512;
 	avx512_novbmi.isa = "avx512-novbmi";
 	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi")) {
+		/* which read the Q8_K rows and lay them out themselves */
+		avx512.pack8[ENG_TYPE_Q4_K] = avx512.pack8[ENG_TYPE_Q5_K] = NULL;
+		avx512.pack8[ENG_TYPE_Q6_K] = NULL;
 		avx512.vec_dotn[ENG_TYPE_Q4_K] = vec_dotn_q4_k_q8_k_vbmi;
 		avx512.vec_dot8[ENG_TYPE_Q4_K] = NULL;
 		avx512.vec_dotn[ENG_TYPE_Q6_K] = vec_dotn_q6_k_q8_k_vbmi;
