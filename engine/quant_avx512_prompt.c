@@ -18,7 +18,7 @@
 #include <string.h>
 
 /*
- * Q4_K by a prompt's tokens in 512-bit vectors (vec_dot16, and vec_dot8 for
+ * Q4_K by a prompt's tokens in 512-bit vectors (the set's vec_dotn, for
  * two tokens or more), each row and token bit-identical to
  * vec_dot_q4_k_q8_k_vnni.  What is fixed is the lanes: each row keeps, per
  * block, 8 int32 sums (lane k: elements 4k..4k+3 of every 32-element
@@ -39,9 +39,10 @@
  * tokens, the quants of each pair interleaved by sub-block, the scales
  * (y.d) spread to the lanes of their token, and the bsums' pair sums the
  * mins need.  Two blocks (10 KB) so that they, the activation rows they come
- * from, the rows' blocks and the accumulators fit in L1 together: with spans
- * of 4 blocks the rearranging took 17% of the kernel's time in a model's
- * prompt, with 2 14% (it is done for every 16 rows).  Each row's
+ * from and the rows' blocks fit in L1 together: with spans of 4 blocks the
+ * rearranging took 17% of the kernel's time in a model's prompt, with 2
+ * 14%, when it was done for every 16 rows; it is now done once for all the
+ * rows of a call (KZ_ACC), and spans of 4 run as fast as 2.  Each row's
  * accumulators wait in memory between spans, so each lane still adds its
  * blocks in order and the bits do not change.  Eight pairs share each
  * unpacked block (four, with two chains each: 76 GMAC/s on one core; eight
@@ -371,8 +372,7 @@ VBMI void avx512_prompt_q6_k(size_t n, unsigned nrows, unsigned nt, float *out, 
 }
 
 /*
- * Q8_0 by a prompt's tokens (vec_dot16, and vec_dot8 for two tokens or
- * more), two tokens a 512-bit vector as for the K-quants (avx512_prompt_q4_k): each
+ * Q8_0 by a prompt's tokens (vec_dotn, for two tokens or more), two tokens a 512-bit vector as for the K-quants (avx512_prompt_q4_k): each
  * row and token bit-identical to dot8_q8_0_vnni, whose lane k of a block is
  * the exact sum of elements 4k..4k+3, converted and added to its float lane
  * with d = x.d * y.d by one FMA.  A row's block, biased to unsigned
