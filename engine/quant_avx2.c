@@ -772,8 +772,11 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
 /*
  * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
  * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
- * no saturation), then madd with the sub-block scale (an int16 pair put in
- * every lane by one pshufb) into int32 lanes.  The mins term is accumulated
+ * no saturation), then madd with the sub-block scale into int32 lanes.  The
+ * scale is an int16 pair in every lane, broadcast by a load from a small
+ * table on the stack rather than by a pshufb: the load ports are idle and
+ * the shuffle port is the busiest (one core: 27.8 -> 29.2-30.2 GMAC/s, Q5_K
+ * 15.6 -> 16.6; session 29, docs/benchmarks.md).  The mins term is accumulated
  * as ggml's AVX2 kernels do it (the reference engine's results depend on
  * the float order): bsums summed in pairs (hadd), times the mins (madd)
  * into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
@@ -810,7 +813,14 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 
 		const __m128i sm = k4_scales_mins_ssse3(five ? x5[i].scales : x4[i].scales);
 		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
-		const __m256i scales = _mm256_set_m128i(sc16, sc16);
+		/* (scale j, scale j) for j = 0..7; pp hides from the compiler
+		 * that it points at pairs, so that it loads rather than shuffles */
+		uint32_t pairs[8] __attribute__((aligned(32)));
+		const uint32_t *pp = pairs;
+
+		_mm_store_si128((void *)pairs, _mm_unpacklo_epi16(sc16, sc16));
+		_mm_store_si128((void *)(pairs + 4), _mm_unpackhi_epi16(sc16, sc16));
+		__asm__("" : "+r"(pp) : "m"(pairs));
 		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
 		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
 						   _mm256_extracti128_si256(bs, 1));
@@ -824,11 +834,9 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 		}
 
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			/* int16 scale 2j (2j + 1) in every lane: bytes 4j, 4j + 1 */
-			const __m256i scale_l = _mm256_shuffle_epi8(
-				scales, _mm256_set1_epi16((short)(0x0100 * (4 * j + 1) + 4 * j)));
-			const __m256i scale_h = _mm256_shuffle_epi8(
-				scales, _mm256_set1_epi16((short)(0x0100 * (4 * j + 3) + 4 * j + 2)));
+			/* int16 scale 2j (2j + 1) in every lane */
+			const __m256i scale_l = _mm256_set1_epi32((int)pp[2 * j]);
+			const __m256i scale_h = _mm256_set1_epi32((int)pp[2 * j + 1]);
 			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
 			__m256i ql = _mm256_and_si256(bits, m4);
 			__m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
