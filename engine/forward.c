@@ -205,8 +205,9 @@ static void ctx_alloc(struct eng_ctx *c)
 	c->theta[0] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	c->theta[1] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	/* Widest quantized activation row: any matmul input, in any vec_dot
-	 * format (F32 rows: 4 bytes per element; a Q8_0 row and its pack8 copy
-	 * after it: up to 1.07 + 2.13 and 63 of alignment, hence the 64 more). */
+	 * format (F32 rows: 4 bytes per element; a Q8_0 or Q8_K row and its
+	 * pack8 copy after it: up to 1.15 + 2.16 and 63 of alignment, hence
+	 * the 64 more). */
 	max_in = max_in > n_ff ? max_in : n_ff;
 	c->qact_stride = (max_in * sizeof(float) + 64 + 63) & ~(size_t)63;
 	c->qact = xcalloc(c, (size_t)c->qact_rows, c->qact_stride);

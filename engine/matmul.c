@@ -4,8 +4,9 @@
  *
  * The activations are converted once per call into the weight type's
  * vec_dot_type (quant.h), packed if the kernel set wants, and the weight rows
- * are shared out in chunks; each row goes through the kernel set's vec_dot16,
- * vec_dot8 or vec_dot, which give bit-identical results, so how rows are
+ * are shared out in chunks; each row goes through the kernel set's vec_dotn
+ * (a chunk at a time), vec_dot16, vec_dot8 or vec_dot, which give
+ * bit-identical results, so how rows are
  * grouped never changes a logit.  A pass can also run many weights over
  * their own rows of one input (matmul_parts: a mixture's experts, each over
  * its tokens), so a layer's experts cost one wake-up of the pool, not one
@@ -63,7 +64,8 @@ static void mm_group(const struct mm_job *j, const struct mm_part *p, eng_vec_do
 	}
 }
 
-/* Rows [r0, r1) of part p's weight, in tiles of MATMUL_TILE rows. */
+/* Rows [r0, r1) of part p's weight: all at once through vec_dotn where the
+ * set has one, else in tiles of MATMUL_TILE rows. */
 static void mm_rows(const struct mm_job *j, const struct mm_part *p, uint64_t r0, uint64_t r1)
 {
 	const struct wt *w = p->w;
@@ -73,7 +75,18 @@ static void mm_rows(const struct mm_job *j, const struct mm_part *p, uint64_t r0
 	eng_vec_dot_fn dot = j->k->vec_dot[w->type];
 	eng_vec_dot8_fn dot8 = j->k->vec_dot8[w->type];
 	eng_vec_dot8_fn dot16 = j->k->vec_dot16[w->type];
+	eng_vec_dotn_fn dotn = j->k->vec_dotn[w->type];
 
+	if (dotn) {
+		const uint8_t *act8 = j->act8 + (size_t)p->row0 * j->act_stride;
+
+		for (uint32_t b = 0; b < p->nb; b += ENG_DOT16_NT)
+			dotn(w->ne0, (unsigned)(r1 - r0),
+			     p->nb - b < ENG_DOT16_NT ? p->nb - b : ENG_DOT16_NT,
+			     &out[b * w->ne1 + r0], w->ne1, w->data + r0 * w->row_bytes,
+			     w->row_bytes, act8 + b * j->act_stride, j->act_stride);
+		return;
+	}
 	for (uint64_t t0 = r0; t0 < r1; t0 += MATMUL_TILE) {
 		uint64_t t1 = t0 + MATMUL_TILE < r1 ? t0 + MATMUL_TILE : r1;
 		uint64_t r = t0;

@@ -181,12 +181,23 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  * matmul and passes the packed rows to vec_dot8/16 (vec_dot still takes the
  * vec_dot_type rows), so work that depends only on the activations is not
  * redone for every 8 or 16 weight rows.
+ *
+ * vec_dotn (optional, by weight type) is vec_dot16 for any number of rows:
+ * nrows (1 or more) rows at w, w + stride, ... by 1 to ENG_DOT16_NT tokens,
+ * each result bit-identical to vec_dot.  Where a set has one, matmul.c hands
+ * it a thread's whole chunk of rows in one call and uses neither vec_dot8
+ * nor vec_dot16 for the type, so a kernel that lays out the activations for
+ * itself (avx512's prompt kernels) does it once for the chunk, not once per
+ * 16 rows.
  */
 #define ENG_DOT8_NT 8
 #define ENG_DOT16_NT 64
-#define ENG_PACK8_BYTES(n) ((n) / 32 * 68)
+#define ENG_PACK8_BYTES(n) ((n) / 32 * 69) /* Q8_K's: 292 + 256 + 4 a block, 552 */
 typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
 				const void *w, size_t stride, const void *a, size_t a_stride);
+typedef void (*eng_vec_dotn_fn)(size_t n, unsigned nrows, unsigned nt, float *out,
+				size_t out_stride, const void *w, size_t stride, const void *a,
+				size_t a_stride);
 typedef void (*eng_pack8_fn)(const void *src, void *dst, size_t n);
 
 struct eng_kernels {
@@ -196,6 +207,7 @@ struct eng_kernels {
 	eng_vec_dot_fn vec_dot[ENG_TYPE_COUNT];        /* indexed by weight type */
 	eng_vec_dot8_fn vec_dot8[ENG_TYPE_COUNT];      /* optional: NULL = row by row */
 	eng_vec_dot8_fn vec_dot16[ENG_TYPE_COUNT];     /* optional: NULL = by 8 rows */
+	eng_vec_dotn_fn vec_dotn[ENG_TYPE_COUNT];      /* optional: NULL = by 16 and 8 rows */
 	eng_pack8_fn pack8[ENG_TYPE_COUNT];            /* optional, see above; by weight type */
 };
 

@@ -932,6 +932,33 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 	*out = hsum_f32x8(acc);
 }
 
+/*
+ * Q8_K activations for the K-quants' vec_dot8 (quant_krows_tmpl.h), once per
+ * row and matmul: the Q8_K row as it is (the one-token kernels and Q4_K's
+ * vec_dot8 read that), then each block's 256 quants plus 128 (unsigned, for
+ * Q6_K's vec_dot8: the flip was two maddubs a token and 32 elements, done
+ * again for every row), then each block's y.d, so that Q6_K reads 260
+ * bytes a block and token.  Q5_K has no vec_dot8 but takes the same pack8,
+ * so that a matmul may group it with Q6_K (Q5_K_M mixes them).
+ */
+static void pack8_q8_k(const void *src, void *dst, size_t n)
+{
+	const size_t nb = n / ENG_QK_K;
+	const struct eng_block_q8_k *y = src;
+	uint8_t *yu = (uint8_t *)((struct eng_block_q8_k *)dst + nb);
+	float *yd = (float *)(yu + nb * ENG_QK_K);
+	const __m256i u128 = _mm256_set1_epi8((char)0x80);
+
+	memcpy(dst, src, nb * sizeof(*y));
+	for (size_t i = 0; i < nb; i++) {
+		for (int c = 0; c < ENG_QK_K / 32; c++)
+			_mm256_storeu_si256((void *)(yu + ENG_QK_K * i + 32 * c),
+					    _mm256_xor_si256(u128, _mm256_loadu_si256(
+									   (const void *)(y[i].qs + 32 * c))));
+		yd[i] = y[i].d;
+	}
+}
+
 /* ---- eight rows by several tokens --------------------------------------- */
 
 #define KR_ATTR
@@ -972,9 +999,12 @@ BASELINE static void avx2_init(void)
 	avx2.pack8[ENG_TYPE_Q8_0] = pack8_q8_0;
 	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k;
 	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
+	avx2.pack8[ENG_TYPE_Q4_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k;
+	avx2.pack8[ENG_TYPE_Q5_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k;
 	avx2.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_avx2;
+	avx2.pack8[ENG_TYPE_Q6_K] = pack8_q8_k;
 }
 
 BASELINE const struct eng_kernels *eng_kernels_avx2(void)

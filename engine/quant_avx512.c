@@ -8,8 +8,8 @@
  * where the work fits them: Zen 4 splits 512-bit operations in two.  The
  * exceptions, for the reasons given there: the Q4_0 kernel, and the
  * prompt kernels of Q4_K, Q6_K and Q8_0 (two tokens a vector), which are a
- * story of their own in quant_avx512_prompt.c; this file's kernels hand
- * them every call of two tokens or more.
+ * story of their own in quant_avx512_prompt.c; this file's vec_dotn kernels
+ * hand them every call of two tokens or more.
  *
  * Numerics: every kernel gives the bits of the AVX2 kernel it replaces
  * (tests/test_quant.c checks each against it, and the Q4_0 ones against
@@ -547,30 +547,18 @@ VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x, const stru
 static void vec_dot8_q4_k_q8_k_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
 				    const void *w, size_t stride, const void *a, size_t a_stride);
 
-VBMI static void vec_dot16_q4_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
-					   const void *w, size_t stride, const void *a,
-					   size_t a_stride)
-{
-	if (nt == 1) { /* decoding: nothing to share */
-		for (int r = 0; r < 16; r++)
-			out[r] = dot1_q4_k(n, (const void *)((const uint8_t *)w + r * stride), a);
-		return;
-	}
-	avx512_prompt_q4_k(n, 16, nt, out, out_stride, w, stride, a, a_stride);
-}
-
-/* Decoding (one token): the eight rows one after the other with the VBMI
- * kernel; two tokens or more: avx512_prompt_q4_k, which shares each block
+/* vec_dotn: decoding (one token), the rows one after the other with the VBMI
+ * kernel; two tokens or more, avx512_prompt_q4_k, which shares each block
  * between them, bit-identical to this one. */
-VBMI static void vec_dot8_q4_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
-					  const void *w, size_t stride, const void *a,
-					  size_t a_stride)
+VBMI static void vec_dotn_q4_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
+					  size_t out_stride, const void *w, size_t stride,
+					  const void *a, size_t a_stride)
 {
 	if (nt > 1) {
-		avx512_prompt_q4_k(n, 8, nt, out, out_stride, w, stride, a, a_stride);
+		avx512_prompt_q4_k(n, nrows, nt, out, out_stride, w, stride, a, a_stride);
 		return;
 	}
-	for (int r = 0; r < 8; r++)
+	for (unsigned r = 0; r < nrows; r++)
 		out[r] = dot1_q4_k(n, (const void *)((const uint8_t *)w + r * stride), a);
 }
 
@@ -626,52 +614,35 @@ VNNI static void vec_dot_q6_k_q8_k_vnni(size_t n, float *out, const void *w, con
 	*out = hsum_f32x8(acc);
 }
 
-/* Q6_K: decoding (one token) with the one-row kernel, row after row; two
- * tokens or more: avx512_prompt_q6_k, bit-identical to it. */
-VBMI static void vec_dot8_q6_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
-					  const void *w, size_t stride, const void *a,
-					  size_t a_stride)
+/* Q6_K's vec_dotn: decoding (one token) with the one-row kernel, row after
+ * row; two tokens or more: avx512_prompt_q6_k, bit-identical to it. */
+VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
+					  size_t out_stride, const void *w, size_t stride,
+					  const void *a, size_t a_stride)
 {
 	if (nt > 1) {
-		avx512_prompt_q6_k(n, 8, nt, out, out_stride, w, stride, a, a_stride);
+		avx512_prompt_q6_k(n, nrows, nt, out, out_stride, w, stride, a, a_stride);
 		return;
 	}
-	for (int r = 0; r < 8; r++)
+	for (unsigned r = 0; r < nrows; r++)
 		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
 }
 
-VBMI static void vec_dot16_q6_k_q8_k_vbmi(size_t n, unsigned nt, float *out, size_t out_stride,
-					   const void *w, size_t stride, const void *a,
-					   size_t a_stride)
+/* Q8_0's vec_dotn: decoding, eight rows side by side (the rows a multiple of
+ * eight leaves: the prompt kernel, which is as exact for one token). */
+VNNI static void vec_dotn_q8_0_zmm(size_t n, unsigned nrows, unsigned nt, float *out,
+				   size_t out_stride, const void *w, size_t stride, const void *a,
+				   size_t a_stride)
 {
-	if (nt > 1) {
-		avx512_prompt_q6_k(n, 16, nt, out, out_stride, w, stride, a, a_stride);
-		return;
-	}
-	for (int r = 0; r < 16; r++)
-		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
-}
+	unsigned r = 0;
 
-VNNI static void vec_dot8_q8_0_zmm(size_t n, unsigned nt, float *out, size_t out_stride,
-				   const void *w, size_t stride, const void *a, size_t a_stride)
-{
-	if (nt == 1) { /* decoding: the rows side by side */
-		dot8_q8_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride);
-		return;
-	}
-	avx512_prompt_q8_0(n, 8, nt, out, out_stride, w, stride, a, a_stride);
-}
-
-VNNI static void vec_dot16_q8_0_zmm(size_t n, unsigned nt, float *out, size_t out_stride,
-				    const void *w, size_t stride, const void *a, size_t a_stride)
-{
-	if (nt == 1) {
-		dot8_q8_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride);
-		dot8_q8_0_vnni(n, 1, out + 8, out_stride, (const uint8_t *)w + 8 * stride, stride, a,
-			       a_stride);
-		return;
-	}
-	avx512_prompt_q8_0(n, 16, nt, out, out_stride, w, stride, a, a_stride);
+	if (nt == 1)
+		for (; r + 8 <= nrows; r += 8)
+			dot8_q8_0_vnni(n, 1, out + r, out_stride, (const uint8_t *)w + r * stride,
+				       stride, a, a_stride);
+	if (r < nrows)
+		avx512_prompt_q8_0(n, nrows - r, nt, out + r, out_stride,
+				   (const uint8_t *)w + r * stride, stride, a, a_stride);
 }
 
 /* ---- BF16 ------------------------------------------------------------- */
@@ -738,8 +709,10 @@ BASELINE static void avx512_init(void)
 	avx512.vec_dot16[ENG_TYPE_Q4_0] = vec_dot16_q4_0_vnni;
 	avx512.vec_dot16[ENG_TYPE_Q4_0_R16] = vec_dot16_q4_0_r16_vnni;
 	avx512.pack8[ENG_TYPE_Q4_0_R16] = base->pack8[ENG_TYPE_Q4_0]; /* AVX2's */
-	avx512.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_zmm;
-	avx512.vec_dot16[ENG_TYPE_Q8_0] = vec_dot16_q8_0_zmm;
+	/* the prompt kernels lay out their activations themselves, once a
+	 * call: vec_dotn, with neither vec_dot8 nor vec_dot16 (quant.h) */
+	avx512.vec_dotn[ENG_TYPE_Q8_0] = vec_dotn_q8_0_zmm;
+	avx512.vec_dot8[ENG_TYPE_Q8_0] = NULL;
 	avx512.pack8[ENG_TYPE_Q8_0] = NULL; /* it reads the Q8_0 rows */
 	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
@@ -748,10 +721,13 @@ BASELINE static void avx512_init(void)
 	avx512_novbmi = avx512;
 	avx512_novbmi.isa = "avx512-novbmi";
 	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi")) {
-		avx512.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_vbmi;
-		avx512.vec_dot16[ENG_TYPE_Q4_K] = vec_dot16_q4_k_q8_k_vbmi;
-		avx512.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_vbmi;
-		avx512.vec_dot16[ENG_TYPE_Q6_K] = vec_dot16_q6_k_q8_k_vbmi;
+		/* which read the Q8_K rows and lay them out themselves */
+		avx512.pack8[ENG_TYPE_Q4_K] = avx512.pack8[ENG_TYPE_Q5_K] = NULL;
+		avx512.pack8[ENG_TYPE_Q6_K] = NULL;
+		avx512.vec_dotn[ENG_TYPE_Q4_K] = vec_dotn_q4_k_q8_k_vbmi;
+		avx512.vec_dot8[ENG_TYPE_Q4_K] = NULL;
+		avx512.vec_dotn[ENG_TYPE_Q6_K] = vec_dotn_q6_k_q8_k_vbmi;
+		avx512.vec_dot8[ENG_TYPE_Q6_K] = NULL;
 	}
 	avx512bf16_ok = __builtin_cpu_supports("avx512bf16");
 	if (avx512bf16_ok) {

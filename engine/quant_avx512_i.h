@@ -2,7 +2,7 @@
  * quant_avx512_i.h - what the avx512 kernel set's two files share: the
  * target attributes their kernels carry, the Q4_K scale unpacking both use,
  * and the prompt kernels (quant_avx512_prompt.c) that quant_avx512.c's
- * vec_dot8/16 hand every call of two tokens or more.
+ * vec_dotn kernels hand every call of two tokens or more.
  */
 #ifndef STRATA_QUANT_AVX512_I_H
 #define STRATA_QUANT_AVX512_I_H
@@ -43,10 +43,11 @@ VBMI static inline __attribute__((always_inline)) __m128i k4_scales_mins(const u
 }
 
 /*
- * nrows (8 or 16) rows of w (stride bytes apart) by nt (2 or more) tokens of
- * a (a_stride apart, the set's activation rows: Q8_K, or Q8_0 for
- * avx512_prompt_q8_0), out[t * out_stride + r]; each row and token
- * bit-identical to the one-row kernel of quant_avx512.c.
+ * nrows (1 or more: a matmul chunk) rows of w (stride bytes apart) by nt
+ * (1 or more; two or more is what they are for) tokens of a (a_stride
+ * apart, the set's activation rows: Q8_K, or Q8_0 for avx512_prompt_q8_0),
+ * out[t * out_stride + r]; each row and token bit-identical to the one-row
+ * kernel of quant_avx512.c.
  */
 VBMI void avx512_prompt_q4_k(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
 			     const void *w, size_t stride, const void *a, size_t a_stride);

@@ -2,8 +2,9 @@
  * quant_avx512_prompt.c - the avx512 set's kernels for a prompt's tokens:
  * Q4_K, Q6_K (with VBMI) and Q8_0 by two tokens or more, two tokens a
  * 512-bit vector, each block of a row unpacked once for sixteen tokens.
- * quant_avx512.c's vec_dot8/16 call them for every call of two tokens or
- * more and keep decoding (one token) to themselves.
+ * quant_avx512.c's vec_dotn kernels call them for every call of two tokens
+ * or more (a thread's whole matmul chunk of rows) and keep decoding (one
+ * token) to themselves.
  *
  * Numerics: each row and token gets the bits of the one-row kernel it
  * stands in for (tests/test_quant.c checks every vec_dot16 against vec_dot,
@@ -17,7 +18,7 @@
 #include <string.h>
 
 /*
- * Q4_K by a prompt's tokens in 512-bit vectors (vec_dot16, and vec_dot8 for
+ * Q4_K by a prompt's tokens in 512-bit vectors (the set's vec_dotn, for
  * two tokens or more), each row and token bit-identical to
  * vec_dot_q4_k_q8_k_vnni.  What is fixed is the lanes: each row keeps, per
  * block, 8 int32 sums (lane k: elements 4k..4k+3 of every 32-element
@@ -38,9 +39,10 @@
  * tokens, the quants of each pair interleaved by sub-block, the scales
  * (y.d) spread to the lanes of their token, and the bsums' pair sums the
  * mins need.  Two blocks (10 KB) so that they, the activation rows they come
- * from, the rows' blocks and the accumulators fit in L1 together: with spans
- * of 4 blocks the rearranging took 17% of the kernel's time in a model's
- * prompt, with 2 14% (it is done for every 16 rows).  Each row's
+ * from and the rows' blocks fit in L1 together: with spans of 4 blocks the
+ * rearranging took 17% of the kernel's time in a model's prompt, with 2
+ * 14%, when it was done for every 16 rows; it is now done once for all the
+ * rows of a call (KZ_ACC), and spans of 4 run as fast as 2.  Each row's
  * accumulators wait in memory between spans, so each lane still adds its
  * blocks in order and the bits do not change.  Eight pairs share each
  * unpacked block (four, with two chains each: 76 GMAC/s on one core; eight
@@ -282,66 +284,76 @@ kz_q6_k_row(const struct eng_block_q6_k *x, const struct kz_block *T, size_t nbs
 		acc_io[p] = acc[p];
 }
 
-/* nrows (8 or 16) rows of Q4_K (Q6_K if six) by nt (2 or more) tokens. */
+/*
+ * The accumulators a call keeps in memory between spans, for as many rows
+ * as fit: each row's np (Q4_K: np + (np + 1) / 2, the mins' too) vectors.
+ * A call lays out a span of the activations once for all those rows: with
+ * sixteen tokens 64 rows (a prompt's whole matmul chunk), 128 with eight.
+ * 48 KB on the stack; they live in L2 more than in L1, each row's few
+ * lines loaded and stored once a span.
+ */
+#define KZ_ACC 768
+
+/* nrows (1 or more) rows of Q4_K (Q6_K if six) by nt (1 or more) tokens. */
 VBMI static inline __attribute__((always_inline)) void
 kz_rows(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride, const void *w,
 	size_t stride, const void *a, size_t a_stride, const bool six)
 {
 	const size_t nb = n / ENG_QK_K;
 	struct kz_block T[KZ_SPAN] __attribute__((aligned(64)));
-	__m512 acc[16][KZ_TOKENS / 2], accm[16][KZ_TOKENS / 4];
+	__m512 acc[KZ_ACC];
 
 	for (unsigned t0 = 0; t0 < nt; t0 += KZ_TOKENS) {
 		const unsigned tn = nt - t0 < KZ_TOKENS ? nt - t0 : KZ_TOKENS;
-		const unsigned np = (tn + 1) / 2;
+		const unsigned np = (tn + 1) / 2, nq = six ? 0 : (np + 1) / 2;
+		const unsigned per = np + nq, rows_max = KZ_ACC / per;
 
-		for (unsigned r = 0; r < nrows; r++) {
-			for (int p = 0; p < KZ_TOKENS / 2; p++)
-				acc[r][p] = _mm512_setzero_ps();
-			for (int q = 0; q < KZ_TOKENS / 4; q++)
-				accm[r][q] = _mm512_setzero_ps();
-		}
-		for (size_t b0 = 0; b0 < nb; b0 += KZ_SPAN) {
-			const size_t nbs = nb - b0 < KZ_SPAN ? nb - b0 : KZ_SPAN;
+		for (unsigned r0 = 0; r0 < nrows; r0 += rows_max) {
+			const unsigned rn = nrows - r0 < rows_max ? nrows - r0 : rows_max;
+			const uint8_t *w0 = (const uint8_t *)w + r0 * stride;
 
-			kz_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs, six);
-			for (unsigned r = 0; r < nrows; r++) {
-				const uint8_t *row = (const uint8_t *)w + r * stride;
+			for (unsigned i = 0; i < rn * per; i++)
+				acc[i] = _mm512_setzero_ps();
+			for (size_t b0 = 0; b0 < nb; b0 += KZ_SPAN) {
+				const size_t nbs = nb - b0 < KZ_SPAN ? nb - b0 : KZ_SPAN;
 
-				if (six) {
-					const struct eng_block_q6_k *x =
-						(const struct eng_block_q6_k *)row + b0;
+				kz_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs,
+					six);
+				for (unsigned r = 0; r < rn; r++) {
+					const uint8_t *row = w0 + r * stride;
+					__m512 *ar = acc + r * per;
 
-#define CALL(k) kz_q6_k_row(x, T, nbs, k, acc[r])
-					KZ_SWITCH(np, CALL)
+					if (six) {
+						const struct eng_block_q6_k *x =
+							(const struct eng_block_q6_k *)row + b0;
+
+#define CALL(k) kz_q6_k_row(x, T, nbs, k, ar)
+						KZ_SWITCH(np, CALL)
 #undef CALL
-				} else {
-					const struct eng_block_q4_k *x =
-						(const struct eng_block_q4_k *)row + b0;
+					} else {
+						const struct eng_block_q4_k *x =
+							(const struct eng_block_q4_k *)row + b0;
 
-#define CALL(k) kz_q4_k_row(x, T, nbs, k, acc[r], accm[r])
-					KZ_SWITCH(np, CALL)
+#define CALL(k) kz_q4_k_row(x, T, nbs, k, ar, ar + np)
+						KZ_SWITCH(np, CALL)
 #undef CALL
+					}
 				}
 			}
-		}
-		/* each token's lanes reduced as vec_dot_q4_k_q8_k_vnni
-		 * (vec_dot_q6_k_q8_k_vnni: no mins) does */
-		for (unsigned r = 0; r < nrows; r++) {
-			float l[KZ_TOKENS / 2][16], m[KZ_TOKENS / 4][16];
+			/* each token's lanes reduced as vec_dot_q4_k_q8_k_vnni
+			 * (vec_dot_q6_k_q8_k_vnni: no mins) does */
+			for (unsigned r = 0; r < rn; r++) {
+				const float *l = (const float *)(acc + r * per);
+				const float *m = l + 16 * np;
 
-			for (int p = 0; p < KZ_TOKENS / 2; p++)
-				_mm512_storeu_ps(l[p], acc[r][p]);
-			for (int q = 0; q < KZ_TOKENS / 4; q++)
-				_mm512_storeu_ps(m[q], accm[r][q]);
-			for (unsigned t = 0; t < tn; t++) {
-				const float *x = &l[t / 2][8 * (t % 2)], *y = &m[t / 4][4 * (t % 4)];
+				for (unsigned t = 0; t < tn; t++) {
+					const float *x = l + 8 * t, *y = m + 4 * t;
+					const float lanes = ((x[0] + x[4]) + (x[2] + x[6])) +
+							    ((x[1] + x[5]) + (x[3] + x[7]));
 
-				const float lanes = ((x[0] + x[4]) + (x[2] + x[6])) +
-						    ((x[1] + x[5]) + (x[3] + x[7]));
-
-				out[(t0 + t) * out_stride + r] =
-					six ? lanes : lanes + ((y[0] + y[2]) + (y[1] + y[3]));
+					out[(t0 + t) * out_stride + r0 + r] =
+						six ? lanes : lanes + ((y[0] + y[2]) + (y[1] + y[3]));
+				}
 			}
 		}
 	}
@@ -360,8 +372,7 @@ VBMI void avx512_prompt_q6_k(size_t n, unsigned nrows, unsigned nt, float *out, 
 }
 
 /*
- * Q8_0 by a prompt's tokens (vec_dot16, and vec_dot8 for two tokens or
- * more), two tokens a 512-bit vector as for the K-quants (avx512_prompt_q4_k): each
+ * Q8_0 by a prompt's tokens (vec_dotn, for two tokens or more), two tokens a 512-bit vector as for the K-quants (avx512_prompt_q4_k): each
  * row and token bit-identical to dot8_q8_0_vnni, whose lane k of a block is
  * the exact sum of elements 4k..4k+3, converted and added to its float lane
  * with d = x.d * y.d by one FMA.  A row's block, biased to unsigned
@@ -434,46 +445,48 @@ kq_row(const struct eng_block_q8_0 *x, const struct kq_block *T, size_t nbs, con
 		acc_io[p] = acc[p];
 }
 
-/* nrows (8 or 16) rows by nt (2 or more) tokens. */
+/* nrows (1 or more) rows by nt (1 or more) tokens. */
 VNNI void avx512_prompt_q8_0(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
 			 const void *w, size_t stride, const void *a, size_t a_stride)
 {
 	const size_t nb = n / ENG_QK8_0;
 	struct kq_block T[KQ_SPAN] __attribute__((aligned(64)));
-	__m512 acc[16][KZ_TOKENS / 2];
+	__m512 acc[KZ_ACC];
 
 	for (unsigned t0 = 0; t0 < nt; t0 += KZ_TOKENS) {
 		const unsigned tn = nt - t0 < KZ_TOKENS ? nt - t0 : KZ_TOKENS;
-		const unsigned np = (tn + 1) / 2;
+		const unsigned np = (tn + 1) / 2, rows_max = KZ_ACC / np;
 
-		for (unsigned r = 0; r < nrows; r++)
-			for (int p = 0; p < KZ_TOKENS / 2; p++)
-				acc[r][p] = _mm512_setzero_ps();
-		for (size_t b0 = 0; b0 < nb; b0 += KQ_SPAN) {
-			const size_t nbs = nb - b0 < KQ_SPAN ? nb - b0 : KQ_SPAN;
+		for (unsigned r0 = 0; r0 < nrows; r0 += rows_max) {
+			const unsigned rn = nrows - r0 < rows_max ? nrows - r0 : rows_max;
+			const uint8_t *w0 = (const uint8_t *)w + r0 * stride;
 
-			kq_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs);
-			for (unsigned r = 0; r < nrows; r++) {
-				const struct eng_block_q8_0 *x =
-					(const struct eng_block_q8_0 *)((const uint8_t *)w + r * stride) +
-					b0;
+			for (unsigned i = 0; i < rn * np; i++)
+				acc[i] = _mm512_setzero_ps();
+			for (size_t b0 = 0; b0 < nb; b0 += KQ_SPAN) {
+				const size_t nbs = nb - b0 < KQ_SPAN ? nb - b0 : KQ_SPAN;
 
-#define CALL(k) kq_row(x, T, nbs, k, acc[r])
-				KZ_SWITCH(np, CALL)
+				kq_fill(T, (const uint8_t *)a + t0 * a_stride, a_stride, tn, b0, nbs);
+				for (unsigned r = 0; r < rn; r++) {
+					const struct eng_block_q8_0 *x =
+						(const struct eng_block_q8_0 *)(w0 + r * stride) + b0;
+
+#define CALL(k) kq_row(x, T, nbs, k, acc + r * np)
+					KZ_SWITCH(np, CALL)
 #undef CALL
+				}
 			}
-		}
-		for (unsigned r = 0; r < nrows; r++) {
-			float l[KZ_TOKENS / 2][16];
+			for (unsigned r = 0; r < rn; r++) {
+				const float *l = (const float *)(acc + r * np);
 
-			for (int p = 0; p < KZ_TOKENS / 2; p++)
-				_mm512_storeu_ps(l[p], acc[r][p]);
-			for (unsigned t = 0; t < tn; t++) {
-				const float *x = &l[t / 2][8 * (t % 2)];
+				for (unsigned t = 0; t < tn; t++) {
+					const float *x = l + 8 * t;
 
-				/* hsum_f32x8's order */
-				out[(t0 + t) * out_stride + r] = ((x[0] + x[4]) + (x[2] + x[6])) +
-								 ((x[1] + x[5]) + (x[3] + x[7]));
+					/* hsum_f32x8's order */
+					out[(t0 + t) * out_stride + r0 + r] =
+						((x[0] + x[4]) + (x[2] + x[6])) +
+						((x[1] + x[5]) + (x[3] + x[7]));
+				}
 			}
 		}
 	}

@@ -217,29 +217,43 @@ KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *ou
  * Q6_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
  * token bit-identical to vec_dot_q6_k_q8_k, as for Q4_K above: each 128
  * elements of a row are unpacked to 6-bit quants once for eight tokens.
+ * The one-row kernel takes the quants unsigned (0..63) and 32 * y off each
+ * pair of products, maddubs(q, y) - maddubs(32, y): two maddubs a token.
+ * Here the sign goes to the other side, as in the avx512 prompt kernel:
+ * the activations as y + 128 (unsigned; the set's pack8, pack8_q8_k, lays
+ * them out once per token and matmul) against q - 32 (signed), and
+ *   sum s (q - 32) y = sum s (q - 32) (y + 128) - 128 sum s (q - 32)
+ * where the last sum depends on the row alone: worked out once per block
+ * for all the tokens, and taken off each token's int32 lanes, which are
+ * then the one-row kernel's.  Per token and 32 elements: a load, one
+ * maddubs, the scale's madd, an add.  The int16 products stay within
+ * +-16320 (255 * 32 * 2): maddubs never saturates.
  */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *act, size_t a_stride,
 	    const unsigned tn, float *out, size_t out_stride)
 {
-	const __m256i m32 = _mm256_set1_epi8(32);
+	const __m256i m32 = _mm256_set1_epi8(32), u128 = _mm256_set1_epi8((char)0x80);
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
 	__m256 acc[KR_TOKENS];
+	/* pack8_q8_k's parts of each token's packed row */
+	const uint8_t *yu[KR_TOKENS]; /* y + 128, 256 bytes a block */
+	const float *yd[KR_TOKENS];   /* y.d, a block each */
 
-	for (unsigned t = 0; t < tn; t++)
+	for (unsigned t = 0; t < tn; t++) {
+		yu[t] = (const uint8_t *)((const struct eng_block_q8_k *)(act + t * a_stride) + nb);
+		yd[t] = (const float *)(yu[t] + nb * ENG_QK_K);
 		acc[t] = _mm256_setzero_ps();
+	}
 	for (size_t i = 0; i < nb; i++) {
 		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
 		const float xd = fp16(x[i].d);
-		const struct eng_block_q8_k *y[KR_TOKENS];
-		__m256i sumi[KR_TOKENS];
+		__m256i sumi[KR_TOKENS], corr = _mm256_setzero_si256();
 
 		for (int l = 0; l < 4; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-		for (unsigned t = 0; t < tn; t++) {
-			y[t] = (const struct eng_block_q8_k *)(act + t * a_stride) + i;
+		for (unsigned t = 0; t < tn; t++)
 			sumi[t] = _mm256_setzero_si256();
-		}
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
 					      : _mm256_permute4x64_epi64(sc16, 0x44);
@@ -250,22 +264,22 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 				const __m256i sk = _mm256_shuffle_epi8(sch, _mm256_set_m128i(
 					_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
 					_mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k))));
+				const __m256i qs = _mm256_sub_epi8(q[k], m32);
 
+				corr = KR_DPWSSD(corr, _mm256_maddubs_epi16(u128, qs), sk);
 				for (unsigned t = 0; t < tn; t++) {
 					const __m256i yk = _mm256_loadu_si256(
-						(const void *)(y[t]->qs + 128 * h + 32 * k));
-					const __m256i p16 = _mm256_sub_epi16(
-						_mm256_maddubs_epi16(q[k], yk),
-						_mm256_maddubs_epi16(m32, yk));
+						(const void *)(yu[t] + ENG_QK_K * i + 128 * h + 32 * k));
 
-					sumi[t] = KR_DPWSSD(sumi[t], p16, sk);
+					sumi[t] = KR_DPWSSD(sumi[t], _mm256_maddubs_epi16(yk, qs), sk);
 					KR_KEEP(sumi[t]);
 				}
 			}
 		}
 		for (unsigned t = 0; t < tn; t++)
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t]->d * xd),
-						 _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(yd[t][i] * xd),
+						 _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], corr)),
+						 acc[t]);
 	}
 	for (unsigned t = 0; t < tn; t++)
 		out[t * out_stride] = hsum_f32x8(acc[t]);

@@ -1052,9 +1052,81 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
 	}
 }
 
+/*
+ * vec_dotn the same way, with row counts that are not multiples of 8 or 16
+ * and more rows than a call keeps accumulators for at sixteen tokens (the
+ * avx512 prompt kernels: 64), by 1 to ENG_DOT16_NT tokens (some of them:
+ * each count is its own pass over every row).
+ */
+static void test_dotn(const struct eng_kernels *k, uint32_t t)
+{
+	static const size_t lens[] = { 32, 256, 4096, 4160, 14336 };
+	static const unsigned rows[] = { 1, 7, 16, 37, 150 };
+	static const unsigned nts[] = { 1, 2, 3, 8, 15, 16, 17, 31, 33, ENG_DOT16_NT };
+	const unsigned max_nt = ENG_DOT16_NT, max_rows = 150;
+	uint32_t vt = eng_type_info(t)->vec_dot_type;
+
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+		size_t n = lens[li], rb = eng_row_bytes(t, n), ab = eng_row_bytes(vt, n);
+
+		if (!rb)
+			continue;
+		size_t pb = k->pack8[t] && ENG_PACK8_BYTES(n) > ab ? ENG_PACK8_BYTES(n) : ab;
+		uint8_t *w = xmalloc(rb * max_rows), *a = xmalloc(pb * max_nt);
+		uint8_t *p = xmalloc(pb * max_nt);
+		float *x = xmalloc(n * sizeof(float));
+		float *got = xmalloc((size_t)max_nt * (max_rows + 1) * sizeof(float)), want;
+		bool same = true;
+
+		for (unsigned r = 0; r < max_rows; r++) {
+			void *row = rnd_row(t, n, false);
+
+			memcpy(w + r * rb, row, rb);
+			free(row);
+		}
+		for (unsigned tk = 0; tk < max_nt; tk++) {
+			void *raw = rnd_row(vt, n, false);
+
+			fill_activations(x, n);
+			if (tk % 2)
+				memcpy(a + tk * pb, raw, ab);
+			else
+				k->from_float[vt](x, a + tk * pb, n);
+			free(raw);
+			if (k->pack8[t])
+				k->pack8[t](a + tk * pb, p + tk * pb, n);
+		}
+		for (size_t ri = 0; ri < sizeof(rows) / sizeof(rows[0]); ri++)
+			for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++) {
+				const unsigned nr = rows[ri], nt = nts[ni];
+
+				/* a stride of one more than the rows, as a matmul's
+				 * chunk writes into the middle of its output */
+				k->vec_dotn[t](n, nr, nt, got, max_rows + 1, w, rb,
+					       k->pack8[t] ? p : a, pb);
+				for (unsigned tk = 0; tk < nt; tk++)
+					for (unsigned r = 0; r < nr; r++) {
+						k->vec_dot[t](n, &want, w + r * rb, a + tk * pb);
+						same &= bits_of(got[tk * (max_rows + 1) + r]) ==
+							bits_of(want);
+					}
+			}
+		check(same, "%s vec_dotn is bit-identical to vec_dot per row and token, "
+		      "n=%zu, 1 to %u rows, 1 to %u tokens (%s%s)", type_name(t), n, max_rows,
+		      max_nt, k->isa, k->pack8[t] ? ", packed" : "");
+		free(w);
+		free(x);
+		free(a);
+		free(p);
+		free(got);
+	}
+}
+
 static void test_vec_dot8(const struct eng_kernels *k)
 {
 	for (uint32_t t = 0; t < ENG_TYPE_COUNT; t++) {
+		if (k->vec_dotn[t])
+			test_dotn(k, t);
 		if (k->vec_dot8[t])
 			test_multirow(k, t, 8, ENG_DOT8_NT, k->vec_dot8[t], "vec_dot8");
 		if (k->vec_dot16[t])
