@@ -981,6 +981,32 @@ static void test_tables(const struct eng_kernels *k)
 }
 
 /*
+ * nt activation rows of n elements for weight type t, pb bytes apart, in a:
+ * quantized from random floats (x: n floats of scratch), every other one raw
+ * blocks with any byte (-128 too, which a quantizer never makes); and the
+ * same through the set's pack8 in p, where it has one.
+ */
+static void token_rows(const struct eng_kernels *k, uint32_t t, size_t n, unsigned nt,
+		       uint8_t *a, uint8_t *p, size_t pb, float *x)
+{
+	uint32_t vt = eng_type_info(t)->vec_dot_type;
+	size_t ab = eng_row_bytes(vt, n);
+
+	for (unsigned tk = 0; tk < nt; tk++) {
+		void *raw = rnd_row(vt, n, false);
+
+		fill_activations(x, n);
+		if (tk % 2)
+			memcpy(a + tk * pb, raw, ab);
+		else
+			k->from_float[vt](x, a + tk * pb, n);
+		free(raw);
+		if (k->pack8[t])
+			k->pack8[t](a + tk * pb, p + tk * pb, n);
+	}
+}
+
+/*
  * vec_dot8 (vec_dot16) must give, for each of its 8 (16) rows, exactly what
  * vec_dot gives for that row (the logits tests depend on the per-row float
  * order).  Rows are strided as in a weight matrix, with random data and
@@ -1017,20 +1043,7 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
 		}
 		if (r16)
 			eng_q4_0_to_r16(w, rb, n, wi);
-		/* quantized activations, and raw blocks with any byte (-128
-		 * too, which a quantizer never makes) */
-		for (unsigned tk = 0; tk < max_nt; tk++) {
-			void *raw = rnd_row(vt, n, false);
-
-			fill_activations(x, n);
-			if (tk % 2)
-				memcpy(a + tk * pb, raw, ab);
-			else
-				k->from_float[vt](x, a + tk * pb, n);
-			free(raw);
-			if (k->pack8[t])
-				k->pack8[t](a + tk * pb, p + tk * pb, n);
-		}
+		token_rows(k, t, n, max_nt, a, p, pb, x);
 		for (unsigned nt = 1; nt <= max_nt; nt++) {
 			fn(n, nt, &got[0][0], 17, wi, rb, k->pack8[t] ? p : a, pb);
 			for (unsigned tk = 0; tk < nt; tk++)
@@ -1084,18 +1097,7 @@ static void test_dotn(const struct eng_kernels *k, uint32_t t)
 			memcpy(w + r * rb, row, rb);
 			free(row);
 		}
-		for (unsigned tk = 0; tk < max_nt; tk++) {
-			void *raw = rnd_row(vt, n, false);
-
-			fill_activations(x, n);
-			if (tk % 2)
-				memcpy(a + tk * pb, raw, ab);
-			else
-				k->from_float[vt](x, a + tk * pb, n);
-			free(raw);
-			if (k->pack8[t])
-				k->pack8[t](a + tk * pb, p + tk * pb, n);
-		}
+		token_rows(k, t, n, max_nt, a, p, pb, x);
 		for (size_t ri = 0; ri < sizeof(rows) / sizeof(rows[0]); ri++)
 			for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++) {
 				const unsigned nr = rows[ri], nt = nts[ni];
