@@ -981,6 +981,20 @@ static void test_tables(const struct eng_kernels *k)
 }
 
 /*
+ * The distance between token rows of n elements for weight type t: room for
+ * the vec_dot_type row or its pack8 copy, whichever is longer, in whole
+ * cache lines, as the engine's rows of activations are (forward.c,
+ * qact_stride): a packed row may be an odd number of bytes long.
+ */
+static size_t token_stride(const struct eng_kernels *k, uint32_t t, size_t n)
+{
+	size_t ab = eng_row_bytes(eng_type_info(t)->vec_dot_type, n);
+	size_t pb = k->pack8[t] && ENG_PACK8_BYTES(n) > ab ? ENG_PACK8_BYTES(n) : ab;
+
+	return (pb + 63) & ~(size_t)63;
+}
+
+/*
  * nt activation rows of n elements for weight type t, pb bytes apart, in a:
  * quantized from random floats (x: n floats of scratch), every other one raw
  * blocks with any byte (-128 too, which a quantizer never makes); and the
@@ -1017,17 +1031,15 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
 			  unsigned max_nt, eng_vec_dot8_fn fn, const char *name)
 {
 	static const size_t lens[] = { 32, 64, 256, 4096, 4160, 14336, 33024 };
-	uint32_t vt = eng_type_info(t)->vec_dot_type;
 	const bool r16 = t == ENG_TYPE_Q4_0_R16;
 	const uint32_t rt = r16 ? ENG_TYPE_Q4_0 : t; /* the type of a row */
 
 	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
-		size_t n = lens[li], rb = eng_row_bytes(rt, n), ab = eng_row_bytes(vt, n);
+		size_t n = lens[li], rb = eng_row_bytes(rt, n);
 
 		if (!rb) /* not a whole number of blocks (K-quants) */
 			continue;
-		/* packed rows have the stride of the unpacked ones, as in model.c */
-		size_t pb = k->pack8[t] && ENG_PACK8_BYTES(n) > ab ? ENG_PACK8_BYTES(n) : ab;
+		size_t pb = token_stride(k, t, n);
 		uint8_t *w = xmalloc(rb * nrows), *a = xmalloc(pb * max_nt);
 		uint8_t *wi = r16 ? xmalloc(rb * nrows) : w; /* what fn reads */
 		uint8_t *p = xmalloc(pb * max_nt);
@@ -1077,14 +1089,13 @@ static void test_dotn(const struct eng_kernels *k, uint32_t t)
 	static const unsigned rows[] = { 1, 7, 16, 37, 150 };
 	static const unsigned nts[] = { 1, 2, 3, 8, 15, 16, 17, 31, 33, ENG_DOT16_NT };
 	const unsigned max_nt = ENG_DOT16_NT, max_rows = 150;
-	uint32_t vt = eng_type_info(t)->vec_dot_type;
 
 	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
-		size_t n = lens[li], rb = eng_row_bytes(t, n), ab = eng_row_bytes(vt, n);
+		size_t n = lens[li], rb = eng_row_bytes(t, n);
 
 		if (!rb)
 			continue;
-		size_t pb = k->pack8[t] && ENG_PACK8_BYTES(n) > ab ? ENG_PACK8_BYTES(n) : ab;
+		size_t pb = token_stride(k, t, n);
 		uint8_t *w = xmalloc(rb * max_rows), *a = xmalloc(pb * max_nt);
 		uint8_t *p = xmalloc(pb * max_nt);
 		float *x = xmalloc(n * sizeof(float));
