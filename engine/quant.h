@@ -192,7 +192,7 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  */
 #define ENG_DOT8_NT 8
 #define ENG_DOT16_NT 64
-#define ENG_PACK8_BYTES(n) ((n) / 32 * 69) /* Q8_K's: 292 + 256 + 4 a block, 552 */
+#define ENG_PACK8_BYTES(n) ((n) / 32 * 101) /* Q8_K's: 292 + 256 + 4 + 256 a block, 808 */
 typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
 				const void *w, size_t stride, const void *a, size_t a_stride);
 typedef void (*eng_vec_dotn_fn)(size_t n, unsigned nrows, unsigned nt, float *out,

@@ -934,19 +934,24 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
 
 /*
  * Q8_K activations for the K-quants' vec_dot8 (quant_krows_tmpl.h), once per
- * row and matmul: the Q8_K row as it is (the one-token kernels and Q4_K's
- * vec_dot8 read that), then each block's 256 quants plus 128 (unsigned, for
- * Q6_K's vec_dot8: the flip was two maddubs a token and 32 elements, done
- * again for every row), then each block's y.d, so that Q6_K reads 260
- * bytes a block and token.  Q5_K has no vec_dot8 but takes the same pack8,
- * so that a matmul may group it with Q6_K (Q5_K_M mixes them).
+ * row and matmul: the Q8_K row as it is (the one-token kernels read that),
+ * then each block's 256 quants plus 128 (unsigned, for Q6_K's vec_dot8: the
+ * flip was two maddubs a token and 32 elements, done again for every row),
+ * then each block's y.d, so that Q6_K reads 260 bytes a block and token,
+ * then each block's quants rearranged for Q4_K's shared madd
+ * (k4_pair_y): 808 bytes a block in all.  Q5_K has no vec_dot8 but takes
+ * the same pack8, so that a matmul may group it with Q6_K (Q5_K_M mixes
+ * them).
  */
+_Static_assert(PACK8_Q8_K_BLOCK <= ENG_PACK8_BYTES(ENG_QK_K), "q8_k pack8 size");
+
 static void pack8_q8_k(const void *src, void *dst, size_t n)
 {
 	const size_t nb = n / ENG_QK_K;
 	const struct eng_block_q8_k *y = src;
 	uint8_t *yu = (uint8_t *)((struct eng_block_q8_k *)dst + nb);
 	float *yd = (float *)(yu + nb * ENG_QK_K);
+	uint8_t *ys = (uint8_t *)(yd + nb);
 	const __m256i u128 = _mm256_set1_epi8((char)0x80);
 
 	memcpy(dst, src, nb * sizeof(*y));
@@ -955,6 +960,13 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 			_mm256_storeu_si256((void *)(yu + ENG_QK_K * i + 32 * c),
 					    _mm256_xor_si256(u128, _mm256_loadu_si256(
 									   (const void *)(y[i].qs + 32 * c))));
+		for (int j = 0; j < ENG_QK_K / 64; j++) {
+			const __m256i l = _mm256_loadu_si256((const void *)(y[i].qs + 64 * j));
+			const __m256i h = _mm256_loadu_si256((const void *)(y[i].qs + 64 * j + 32));
+
+			_mm256_storeu_si256((void *)(ys + ENG_QK_K * i + 64 * j), k4_pair_a(l, h));
+			_mm256_storeu_si256((void *)(ys + ENG_QK_K * i + 64 * j + 32), k4_pair_b(l, h));
+		}
 		yd[i] = y[i].d;
 	}
 }

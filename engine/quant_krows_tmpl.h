@@ -19,9 +19,10 @@
  * sums: exact in any order) and the same float steps in the same order,
  * one block after the other.  A prompt's tokens share each weight block:
  * its scales are unpacked once, and each 32 bytes of nibbles are split
- * once with their two sub-block scales put in place, for eight tokens at a
- * time; per token and 64 elements that leaves the two activation loads,
- * two maddubs, two madds and two adds.  The rows are read one after the
+ * once into k4_pair's A and B (quant_x86_i.h) with the two sub-blocks'
+ * scales paired, for eight tokens at a time; per token and 64 elements
+ * that leaves the two activation loads (pack8_q8_k's paired quants), two
+ * maddubs, a 16-bit add, one madd and one add.  The rows are read one after the
  * other, each front to back (a single stream, as the AVX-512 kernel found
  * fastest from memory), with the row K_PREFETCH_ROWS ahead prefetched.
  */
@@ -93,40 +94,37 @@ KR_ATTR static void KR_NAME(kr_q4_k_table)(struct kr_q4_k_tab *T, const uint8_t 
 }
 
 /* Block i of row x by tn (1 to KR_TOKENS, a constant where inlined: the
- * token loops unroll and sumi stays in registers) tokens from act; T: the
- * block's kr_q4_k_tab.  acc_m[u] holds the mins' four lanes of tokens 2u
- * (low half) and 2u + 1. */
+ * token loops unroll and sumi stays in registers) tokens, whose k4_pair
+ * quants (pack8_q8_k) are at ys[t] + ENG_QK_K * i; T: the block's
+ * kr_q4_k_tab.  acc_m[u] holds the mins' four lanes of tokens 2u (low half)
+ * and 2u + 1. */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i mins,
-		       const uint8_t *act, size_t a_stride, size_t i, const struct kr_q4_k_tab *T,
+		       const int8_t *const *ys, size_t i, const struct kr_q4_k_tab *T,
 		       const unsigned tn, __m256 *acc, __m256 *acc_m)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 	const __m256 xd = _mm256_set1_ps(fp16(x->d)), xdmin = _mm256_set1_ps(fp16(x->dmin));
-	const struct eng_block_q8_k *y[KR_TOKENS];
 	__m256i sumi[KR_TOKENS];
 
-	for (unsigned t = 0; t < tn; t++) {
-		y[t] = (const struct eng_block_q8_k *)(act + t * a_stride) + i;
+	for (unsigned t = 0; t < tn; t++)
 		sumi[t] = _mm256_setzero_si256();
-	}
 	for (int j = 0; j < ENG_QK_K / 64; j++) {
-		const __m256i scale_l = _mm256_shuffle_epi8(
-			scales, _mm256_set1_epi16((short)(0x0100 * (4 * j + 1) + 4 * j)));
-		const __m256i scale_h = _mm256_shuffle_epi8(
-			scales, _mm256_set1_epi16((short)(0x0100 * (4 * j + 3) + 4 * j + 2)));
+		/* [s_2j, s_2j+1] in every dword: the shared madd's scales */
+		const __m256i sp =
+			_mm256_shuffle_epi8(scales, _mm256_set1_epi32(0x03020100 + 0x04040404 * j));
 		const __m256i bits = _mm256_loadu_si256((const void *)(x->qs + 32 * j));
 		const __m256i ql = _mm256_and_si256(bits, m4);
 		const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+		const __m256i qa = k4_pair_a(ql, qh), qb = k4_pair_b(ql, qh);
 
 		for (unsigned t = 0; t < tn; t++) {
-			const int8_t *q8 = y[t]->qs + 64 * j;
-			const __m256i pl16 =
-				_mm256_maddubs_epi16(ql, _mm256_loadu_si256((const void *)q8));
-			const __m256i ph16 =
-				_mm256_maddubs_epi16(qh, _mm256_loadu_si256((const void *)(q8 + 32)));
+			const int8_t *q8 = ys[t] + ENG_QK_K * i + 64 * j;
+			const __m256i p16 = _mm256_add_epi16(
+				_mm256_maddubs_epi16(qa, _mm256_loadu_si256((const void *)q8)),
+				_mm256_maddubs_epi16(qb, _mm256_loadu_si256((const void *)(q8 + 32))));
 
-			sumi[t] = KR_DPWSSD(KR_DPWSSD(sumi[t], pl16, scale_l), ph16, scale_h);
+			sumi[t] = KR_DPWSSD(sumi[t], p16, sp);
 			KR_KEEP(sumi[t]);
 		}
 	}
@@ -149,9 +147,12 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 {
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
 	__m256 acc[KR_TOKENS], acc_m[KR_TOKENS / 2];
+	const int8_t *ys[KR_TOKENS]; /* pack8_q8_k's k4_pair quants */
 
-	for (unsigned t = 0; t < tn; t++)
+	for (unsigned t = 0; t < tn; t++) {
+		ys[t] = (const int8_t *)(act + t * a_stride) + nb * (PACK8_Q8_K_BLOCK - ENG_QK_K);
 		acc[t] = _mm256_setzero_ps();
+	}
 	for (unsigned u = 0; u < (tn + 1) / 2; u++)
 		acc_m[u] = _mm256_setzero_ps();
 	for (size_t i = 0; i < nb; i++) {
@@ -162,8 +163,7 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
 		KR_NAME(q4_k_block_tn)(&x[i], _mm256_set_m128i(sc16, sc16),
-				       _mm256_set_m128i(mn16, mn16), act, a_stride, i, &T[i], tn,
-				       acc, acc_m);
+				       _mm256_set_m128i(mn16, mn16), ys, i, &T[i], tn, acc, acc_m);
 	}
 	for (unsigned t = 0; t < tn; t++) {
 		/* token t's four mins lanes: half t % 2 of acc_m[t / 2] */

@@ -99,6 +99,34 @@ static inline __m128i k4_scales_mins_ssse3(const uint8_t *p)
 }
 
 /*
+ * The shared madd of the K-quant prompt kernels.  A row's block lanes are
+ * fixed (int32 lane k: sum over the 32-element sub-blocks j of s_j S_j,k,
+ * with S_j,k the four products of elements 4k..4k+3 of sub-block j), not
+ * the instructions.  Two sub-blocks l (2m) and h (2m + 1) share one madd if
+ * int16 lane 2k holds S_l,k and lane 2k + 1 S_h,k: that is
+ *   maddubs(A, Y_A) + maddubs(B, Y_B)   (16-bit add)
+ * with, in dword k, A = [l0 l1 h2 h3] and B = [l2 l3 h0 h1] (element 4k + i
+ * of each as li, hi), on both the weight and the activation side; a madd
+ * against [s_l, s_h] in every dword then gives s_l S_l,k + s_h S_h,k.
+ * Three multiplies a token and 64 elements instead of four.  The 16-bit
+ * sum of four products stays within 4 * 255 * 32 (Q6_K's y + 128 against
+ * q - 32; Q4_K: 4 * 15 * 128): no saturation.  Pure byte moves, so they
+ * serve weights and activations, signed or not.
+ */
+static inline __m256i k4_pair_a(__m256i l, __m256i h)
+{
+	return _mm256_blend_epi16(l, h, 0xaa);
+}
+
+static inline __m256i k4_pair_b(__m256i l, __m256i h)
+{
+	return _mm256_or_si256(_mm256_srli_epi32(l, 16), _mm256_slli_epi32(h, 16));
+}
+
+/* Q8_K's pack8 (pack8_q8_k): the Q8_K row, y + 128, y.d, the k4_pair quants. */
+#define PACK8_Q8_K_BLOCK (sizeof(struct eng_block_q8_k) + ENG_QK_K + sizeof(float) + ENG_QK_K)
+
+/*
  * A Q8_0 activation block as the eight- and sixteen-row Q4_0 kernels read it
  * (pack8_q4_0 in quant_avx2.c makes it; both sets use it): their maddubs or
  * vpdpbusd take the nibbles unsigned (0..15), so each block sum starts from
