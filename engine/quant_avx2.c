@@ -938,8 +938,8 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
  * then each block's 256 quants plus 128 (unsigned, for Q6_K's vec_dot8: the
  * flip was two maddubs a token and 32 elements, done again for every row),
  * then each block's y.d, so that Q6_K reads 260 bytes a block and token,
- * then each block's quants rearranged for Q4_K's shared madd
- * (k4_pair_y): 808 bytes a block in all.  Q5_K has no vec_dot8 but takes
+ * then each block's quants for Q4_K: 808 bytes a block in all.  Both sets
+ * of quants go in pairs of 32 for the shared madd (k4_pair_a, k4_pair_b).  Q5_K has no vec_dot8 but takes
  * the same pack8, so that a matmul may group it with Q6_K (Q5_K_M mixes
  * them).
  */
@@ -956,16 +956,17 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 
 	memcpy(dst, src, nb * sizeof(*y));
 	for (size_t i = 0; i < nb; i++) {
-		for (int c = 0; c < ENG_QK_K / 32; c++)
-			_mm256_storeu_si256((void *)(yu + ENG_QK_K * i + 32 * c),
-					    _mm256_xor_si256(u128, _mm256_loadu_si256(
-									   (const void *)(y[i].qs + 32 * c))));
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			const __m256i l = _mm256_loadu_si256((const void *)(y[i].qs + 64 * j));
 			const __m256i h = _mm256_loadu_si256((const void *)(y[i].qs + 64 * j + 32));
+			const __m256i a = k4_pair_a(l, h), b = k4_pair_b(l, h);
 
-			_mm256_storeu_si256((void *)(ys + ENG_QK_K * i + 64 * j), k4_pair_a(l, h));
-			_mm256_storeu_si256((void *)(ys + ENG_QK_K * i + 64 * j + 32), k4_pair_b(l, h));
+			_mm256_storeu_si256((void *)(ys + ENG_QK_K * i + 64 * j), a);
+			_mm256_storeu_si256((void *)(ys + ENG_QK_K * i + 64 * j + 32), b);
+			_mm256_storeu_si256((void *)(yu + ENG_QK_K * i + 64 * j),
+					    _mm256_xor_si256(u128, a));
+			_mm256_storeu_si256((void *)(yu + ENG_QK_K * i + 64 * j + 32),
+					    _mm256_xor_si256(u128, b));
 		}
 		yd[i] = y[i].d;
 	}

@@ -260,18 +260,30 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 			__m256i q[4];
 
 			q6_k_unpack(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
-			for (int k = 0; k < 4; k++) {
-				const __m256i sk = _mm256_shuffle_epi8(sch, _mm256_set_m128i(
-					_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
-					_mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k))));
-				const __m256i qs = _mm256_sub_epi8(q[k], m32);
+			/* chunks 2c, 2c + 1 (32 elements each; 16 a scale) share
+			 * a madd, as Q4_K's sub-blocks: dword k of the scales is
+			 * [sc_4c, sc_4c+2] in the low half, [sc_4c+1, sc_4c+3]
+			 * in the high one (of sch's eight) */
+			for (int c = 0; c < 2; c++) {
+				const __m256i sp = _mm256_shuffle_epi8(sch, _mm256_set_m128i(
+					_mm_set1_epi32(0x07060302 + 0x08080808 * c),
+					_mm_set1_epi32(0x05040100 + 0x08080808 * c)));
+				const __m256i q0 = _mm256_sub_epi8(q[2 * c], m32);
+				const __m256i q1 = _mm256_sub_epi8(q[2 * c + 1], m32);
+				const __m256i qa = k4_pair_a(q0, q1), qb = k4_pair_b(q0, q1);
 
-				corr = KR_DPWSSD(corr, _mm256_maddubs_epi16(u128, qs), sk);
+				corr = KR_DPWSSD(corr, _mm256_add_epi16(_mm256_maddubs_epi16(u128, qa),
+									_mm256_maddubs_epi16(u128, qb)),
+						 sp);
 				for (unsigned t = 0; t < tn; t++) {
-					const __m256i yk = _mm256_loadu_si256(
-						(const void *)(yu[t] + ENG_QK_K * i + 128 * h + 32 * k));
+					const uint8_t *yk = yu[t] + ENG_QK_K * i + 128 * h + 64 * c;
+					const __m256i p16 = _mm256_add_epi16(
+						_mm256_maddubs_epi16(
+							_mm256_loadu_si256((const void *)yk), qa),
+						_mm256_maddubs_epi16(
+							_mm256_loadu_si256((const void *)(yk + 32)), qb));
 
-					sumi[t] = KR_DPWSSD(sumi[t], _mm256_maddubs_epi16(yk, qs), sk);
+					sumi[t] = KR_DPWSSD(sumi[t], p16, sp);
 					KR_KEEP(sumi[t]);
 				}
 			}
