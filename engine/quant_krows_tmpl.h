@@ -225,9 +225,11 @@ KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *ou
  *   sum s (q - 32) y = sum s (q - 32) (y + 128) - 128 sum s (q - 32)
  * where the last sum depends on the row alone: worked out once per block
  * for all the tokens, and taken off each token's int32 lanes, which are
- * then the one-row kernel's.  Per token and 32 elements: a load, one
- * maddubs, the scale's madd, an add.  The int16 products stay within
- * +-16320 (255 * 32 * 2): maddubs never saturates.
+ * then the one-row kernel's.  Two 32-element chunks share a madd as Q4_K's
+ * sub-blocks do (k4_pair_a, k4_pair_b; pack8_q8_k lays y + 128 out so):
+ * per token and 64 elements two loads, two maddubs, a 16-bit add, one madd
+ * and one add.  The int16 products stay within +-16320 (255 * 32 * 2):
+ * maddubs never saturates, and the 16-bit sum of two within +-32640.
  */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *act, size_t a_stride,
