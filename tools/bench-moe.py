@@ -203,8 +203,9 @@ print(f"\nstratad: budget {s0['budget']} MiB, expert cache {s0['cap']} MiB; read
 if len([w for w, _ in engines if w.startswith("strata")]) > 1:
     print("\n| model | strata | tok/s (runs) | expert hit rate | expert MiB read / token | "
           "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
-          "token | fault wait ms / token | strata / bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "token | fault wait ms / token | the engine's compute under the pager, ms / token | "
+          "strata / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for m in a.model:
         for who in (w for w, _ in engines if w.startswith("strata")):
             s = res[m][who]
@@ -213,4 +214,6 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
                   f"{med(s, 'mib_tok'):.0f} | {med(s, 'acc'):.3f} | {med(s, 'ahead_tok'):.1f} "
                   f"({med(s, 'ahead_used'):.2f}) | {med(s, 'inflight_tok'):.1f} | "
                   f"{med(s, 'wait'):.1f} ({runs(s, 'wait', '{:.0f}')}) | "
+                  f"{med(s, 'daemon_compute') * 1e3:.0f} "
+                  f"({runs(s, 'daemon_compute', '{:.3f}')}) | "
                   f"{med(s, 'tps') / med(s, 'bound'):.2f} |")
