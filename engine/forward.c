@@ -33,9 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 /* ---- the run state ---------------------------------------------------- */
 
@@ -191,20 +189,6 @@ static void ctx_alloc(struct eng_ctx *c)
 		c->moe_first = xcalloc(c, (size_t)hp->n_expert + 1, sizeof(uint32_t));
 		c->moe_route = xcalloc(c, hp->n_expert, sizeof(uint32_t));
 		c->moe_mark = xcalloc(c, hp->n_expert, 1);
-		c->moe_order = xcalloc(c, hp->n_expert, sizeof(uint32_t));
-		c->page = (size_t)sysconf(_SC_PAGESIZE);
-		/* the pages of the largest expert slice, however it lies */
-		for (uint32_t l = 0; l < hp->n_layer; l++) {
-			const struct layer_w *lw = &m->layers[l];
-			const struct wt *x[3] = { &lw->gate_exps, &lw->up_exps, &lw->down_exps };
-
-			for (unsigned i = 0; i < 3; i++) {
-				size_t n = (size_t)(x[i]->ne1 * x[i]->row_bytes) / c->page + 2;
-
-				c->moe_vec_len = n > c->moe_vec_len ? n : c->moe_vec_len;
-			}
-		}
-		c->moe_vec = xcalloc(c, c->moe_vec_len, 1);
 		c->moe_parts = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct mm_part));
 		c->moe_slice = xcalloc(c, 2 * (size_t)hp->n_expert, sizeof(struct wt));
 		c->moe_in = xcalloc(c, nk * hp->n_embd, sizeof(float));
@@ -338,8 +322,6 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->moe_first);
 	free(c->moe_route);
 	free(c->moe_mark);
-	free(c->moe_order);
-	free(c->moe_vec);
 	free(c->moe_parts);
 	free(c->moe_slice);
 	free(c->moe_in);
@@ -756,131 +738,6 @@ static void lookahead(struct eng_ctx *c, uint32_t l, uint32_t nb)
 }
 
 /*
- * Whether all of [p, p + len) is in memory.  The weights are mapped from a
- * file or, under the pager, MAP_SHARED from the daemon's memfd: mincore(2)
- * looks in the mapping's page cache either way, so it says whether the
- * daemon's store holds a page even where this process has not mapped it
- * yet, and the page cache's residency for a plain file.  (A page being read
- * counts too: the read allocates it first.)  Cannot tell: in memory.
- */
-static bool in_memory(struct eng_ctx *c, const uint8_t *p, size_t len)
-{
-	uintptr_t a = (uintptr_t)p & ~(uintptr_t)(c->page - 1);
-	size_t n = ((uintptr_t)p + len - a + c->page - 1) / c->page;
-
-	if (n > c->moe_vec_len || mincore((void *)a, n * c->page, c->moe_vec) < 0)
-		return true;
-	for (size_t i = 0; i < n; i++)
-		if (!(c->moe_vec[i] & 1))
-			return false;
-	return true;
-}
-
-static bool expert_in_memory(struct eng_ctx *c, const struct layer_w *w, uint32_t e)
-{
-	const struct wt *x[3] = { &w->gate_exps, &w->up_exps, &w->down_exps };
-
-	for (unsigned i = 0; i < 3; i++)
-		if (!in_memory(c, expert_w(x[i], e).data, (size_t)(x[i]->ne1 * x[i]->row_bytes)))
-			return false;
-	return true;
-}
-
-/*
- * The order the picked experts (count[e] pairs each) are computed in, into
- * c->moe_order: under a pager (a route hook set), those whose weights are in
- * memory first and those it has yet to read last, each run by expert
- * number, so that the threads compute what is there while the rest is read
- * instead of waiting on a fault with resident experts left undone; else by
- * expert number.  The order of the parts changes no row's arithmetic.
- * Before the route is told: the reads it starts allocate their pages at
- * once, and mincore would count them in.  Returns how many were picked;
- * *n_in how many of them come first as in memory.
- */
-static uint32_t order_experts(struct eng_ctx *c, const struct layer_w *w, const uint32_t *count,
-			      uint32_t *n_in)
-{
-	uint32_t N = c->m->hp.n_expert, n = 0, in = 0;
-
-	for (uint32_t e = 0; e < N; e++)
-		if (count[e])
-			c->moe_order[n++] = e;
-	if (c->route_fn) {
-		/* stable: those in memory to the front, the rest after them */
-		for (uint32_t i = 0; i < n; i++) {
-			uint32_t e = c->moe_order[i];
-
-			if (expert_in_memory(c, w, e)) {
-				memmove(c->moe_order + in + 1, c->moe_order + in,
-					(i - in) * sizeof(*c->moe_order));
-				c->moe_order[in++] = e;
-			}
-		}
-	} else {
-		in = n;
-	}
-	*n_in = in;
-	return n;
-}
-
-/*
- * The experts order[0..n) over their pairs' rows of moe_in (expert e's rows
- * first[e] .. first[e + 1]): each matmul in one pass of the pool, the parts
- * in the order given.
- *
- *   h         = silu(in @ Wgate_e) * (in @ Wup_e)      [rows][F]
- *   y         = h @ Wdown_e                            [rows][E]   (in moe_y)
- */
-static void experts_ffn(struct eng_ctx *c, const struct layer_w *w, const uint32_t *order,
-			uint32_t n, uint32_t np)
-{
-	const struct eng_hparams *hp = &c->m->hp;
-	uint32_t E = hp->n_embd, F = hp->n_ff_exp, N = hp->n_expert;
-	const uint32_t *first = c->moe_first;
-	struct mm_part *parts = c->moe_parts;
-
-	/* gate and up of every expert in one pass, if their weights take the
-	 * same activations (else one pass each): gates at parts[0, n), ups at
-	 * parts[N, N + n) */
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t e = order[i], r0 = first[e], ne = first[e + 1] - first[e];
-
-		c->moe_slice[i] = expert_w(&w->gate_exps, e);
-		c->moe_slice[N + i] = expert_w(&w->up_exps, e);
-		parts[i] = (struct mm_part){ &c->moe_slice[i], c->hb + (size_t)r0 * F, r0, ne, 0 };
-		parts[N + i] = (struct mm_part){ &c->moe_slice[N + i], c->hb2 + (size_t)r0 * F, r0,
-						 ne, 0 };
-	}
-	if (eng_type_info(w->gate_exps.type)->vec_dot_type ==
-		    eng_type_info(w->up_exps.type)->vec_dot_type &&
-	    c->k->pack8[w->gate_exps.type] == c->k->pack8[w->up_exps.type]) {
-		memmove(parts + n, parts + N, n * sizeof(*parts));
-		matmul_parts(c, 2 * n, parts, c->moe_in, np);
-	} else {
-		matmul_parts(c, n, parts, c->moe_in, np);
-		matmul_parts(c, n, parts + N, c->moe_in, np);
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t e = order[i];
-
-		for (size_t j = (size_t)first[e] * F; j < (size_t)first[e + 1] * F; j++) {
-			float g = c->hb[j];
-
-			c->hb[j] = g / (1.0f + expf(-g)) * c->hb2[j];
-		}
-	}
-
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t e = order[i], r0 = first[e], ne = first[e + 1] - first[e];
-
-		c->moe_slice[i] = expert_w(&w->down_exps, e);
-		parts[i] = (struct mm_part){ &c->moe_slice[i], c->moe_y + (size_t)r0 * E, r0, ne,
-					     0 };
-	}
-	matmul_parts(c, n, parts, c->hb, np);
-}
-
-/*
  * x += moe(rmsnorm(x)): the router picks k experts per token; the batch's
  * (token, slot) pairs are sorted by expert, and each matmul runs every
  * picked expert over the rows of its pairs in one pass of the pool, so each
@@ -893,7 +750,7 @@ static void experts_ffn(struct eng_ctx *c, const struct layer_w *w, const uint32
  *   sel, w    = top-k(probs), renormalized             [B][k]
  *   in        = xb of each pair, sorted by expert      [B*k][E]
  *   h         = silu(in @ Wgate_e) * (in @ Wup_e)      [B*k][F]   each row by its expert e
- *   y         = h @ Wdown_e                            [B*k][E]   (experts_ffn)
+ *   y         = h @ Wdown_e                            [B*k][E]
  *   x[b]     += y[b,0] * w[b][0] + y[b,1] * w[b][1] + ...   (slot order, as the
  *                                                            reference sums them)
  */
@@ -901,8 +758,10 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
 	const struct layer_w *w = &c->m->layers[l];
-	uint32_t E = hp->n_embd, N = hp->n_expert, K = hp->n_expert_used;
-	uint32_t *first = c->moe_first, np = nb * K, n, n_in;
+	uint32_t E = hp->n_embd, F = hp->n_ff_exp, N = hp->n_expert, K = hp->n_expert_used;
+	uint32_t *first = c->moe_first, np = nb * K;
+	struct mm_part *parts = c->moe_parts;
+	unsigned n = 0;
 	bool ahead;
 
 	rmsnorm_rows(c->xb, c->x, &w->ffn_norm, nb, E, hp->norm_eps);
@@ -915,7 +774,8 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		for (uint32_t j = 0; j < K; j++)
 			first[sel[j] + 1]++;
 	}
-	n = order_experts(c, w, first + 1, &n_in);
+	/* a counting sort of the pairs by expert, tokens in order: expert e's
+	 * are moe_rows[first[e] .. first[e + 1]) */
 	/* the experts picked, before their weights are touched: a pager reads
 	 * the missing ones at once instead of a fault at a time */
 	if (c->route_fn) {
@@ -929,8 +789,6 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	/* and the next layer's likely picks, read while this one computes */
 	if (ahead)
 		lookahead(c, l + 1, nb);
-	/* a counting sort of the pairs by expert, tokens in order: expert e's
-	 * are moe_rows[first[e] .. first[e + 1]) */
 	for (uint32_t e = 0; e < N; e++)
 		first[e + 1] += first[e];
 	for (uint32_t i = 0; i < np; i++) {
@@ -946,17 +804,48 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		memcpy(c->moe_in + (size_t)i * E, c->xb + (size_t)(c->moe_rows[i] / K) * E,
 		       E * sizeof(float));
 
-	/* the experts in memory through both matmuls before a missing one is
-	 * touched: the pager reads those while the threads compute these (in
-	 * one pass each, the threads would wait on the first missing gate with
-	 * the downs of the others undone); when none or all are missing, one
-	 * go */
-	if (n_in && n_in < n) {
-		experts_ffn(c, w, c->moe_order, n_in, np);
-		experts_ffn(c, w, c->moe_order + n_in, n - n_in, np);
-	} else {
-		experts_ffn(c, w, c->moe_order, n, np);
+	/* gate and up of every picked expert in one pass, if their weights take
+	 * the same activations (else one pass each): gates at parts[0, n), ups
+	 * at parts[N, N + n) */
+	for (uint32_t e = 0; e < N; e++) {
+		uint32_t r0 = first[e], ne = first[e + 1] - first[e];
+
+		if (!ne)
+			continue;
+		c->moe_slice[n] = expert_w(&w->gate_exps, e);
+		c->moe_slice[N + n] = expert_w(&w->up_exps, e);
+		parts[n] = (struct mm_part){ &c->moe_slice[n], c->hb + (size_t)r0 * F, r0, ne, 0 };
+		parts[N + n] = (struct mm_part){ &c->moe_slice[N + n], c->hb2 + (size_t)r0 * F, r0,
+						 ne, 0 };
+		n++;
 	}
+	if (eng_type_info(w->gate_exps.type)->vec_dot_type ==
+		    eng_type_info(w->up_exps.type)->vec_dot_type &&
+	    c->k->pack8[w->gate_exps.type] == c->k->pack8[w->up_exps.type]) {
+		memmove(parts + n, parts + N, n * sizeof(*parts));
+		matmul_parts(c, 2 * n, parts, c->moe_in, np);
+	} else {
+		matmul_parts(c, n, parts, c->moe_in, np);
+		matmul_parts(c, n, parts + N, c->moe_in, np);
+	}
+	for (size_t i = 0; i < (size_t)np * F; i++) {
+		float g = c->hb[i];
+
+		c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
+	}
+
+	n = 0;
+	for (uint32_t e = 0; e < N; e++) {
+		uint32_t r0 = first[e], ne = first[e + 1] - first[e];
+
+		if (!ne)
+			continue;
+		c->moe_slice[n] = expert_w(&w->down_exps, e);
+		parts[n] = (struct mm_part){ &c->moe_slice[n], c->moe_y + (size_t)r0 * E, r0, ne,
+					     0 };
+		n++;
+	}
+	matmul_parts(c, n, parts, c->hb, np);
 
 	for (uint32_t b = 0; b < nb; b++) {
 		float *x = c->x + (size_t)b * E;

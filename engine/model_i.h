@@ -153,9 +153,6 @@ struct eng_ctx {
 	eng_route_fn ahead_fn;       /* the next layer's guessed (eng_ctx_set_lookahead_hook) */
 	void *ahead_arg;
 	uint8_t *moe_mark;           /* [n_expert] the lookahead's picks */
-	uint32_t *moe_order;         /* [n_expert] the picked experts, those in memory first */
-	uint8_t *moe_vec;            /* [moe_vec_len] mincore's answer for one expert's slice */
-	size_t moe_vec_len, page;
 	struct mm_part *moe_parts;   /* [2 n_expert] one matmul's experts */
 	struct wt *moe_slice;        /* [2 n_expert] their matrices */
 	float *moe_in;               /* [n_batch * k][n_embd] the pairs' inputs, sorted */
