@@ -178,22 +178,28 @@ print(f"Memory cgroup limit {limit >> 20} MiB (v1); stratad without --budget ins
       f"{a.tokens} decoded tokens per run after one warm-up token, {a.threads} threads; "
       f"{a.reps} interleaved repetitions, medians.\n")
 llamas = [who for who, _ in engines if who.startswith("llama")]
-print("| model | strata tok/s (runs) | " + " | ".join(f"{w} tok/s (runs)" for w in llamas) +
-      " | strata / llama.cpp | expert hit rate | expert MiB read / token | compute ms / token "
-      "| reads GB/s | bound tok/s | strata / bound | peak MiB strata / llama.cpp | OOM kills |")
-print("|---|---|" + "---|" * len(llamas) + "---|---|---|---|---|---|---|---|---|")
+# without --llama, no llama.cpp columns (nor an empty ratio to it)
+cols = ["model", "strata tok/s (runs)"] + [f"{w} tok/s (runs)" for w in llamas] + \
+    (["strata / llama.cpp"] if llamas else []) + \
+    ["expert hit rate", "expert MiB read / token", "compute ms / token", "reads GB/s",
+     "bound tok/s", "strata / bound",
+     "peak MiB strata / llama.cpp" if llamas else "peak MiB", "OOM kills"]
+print("| " + " | ".join(cols) + " |")
+print("|" + "---|" * len(cols))
 for m in a.model:
     s = res[m]["strata"]
     ms = med(s, "tps")
     ml = [med(res[m][w], "tps") for w in llamas]
-    best = max(ml) if ml else 0
-    print(f"| {os.path.basename(m)} | {ms:.2f} ({runs(s)}) | " +
-          " | ".join(f"{v:.2f} ({runs(res[m][w])})" for v, w in zip(ml, llamas)) +
-          f" | {ms / best if best else 0:.2f} | {med(s, 'hit'):.3f} | {med(s, 'mib_tok'):.0f} | "
-          f"{med(s, 'compute') * 1e3:.0f} | {med(s, 'gbps'):.2f} | {med(s, 'bound'):.2f} | "
-          f"{ms / med(s, 'bound'):.2f} | {max(x['peak'] for x in s) >> 20} / " +
-          "/".join(str(max(x['peak'] for x in res[m][w]) >> 20) for w in llamas) + " | " +
-          str(sum(x["oom"] for w in res[m] for x in res[m][w])) + " |")
+    peak = str(max(x['peak'] for x in s) >> 20)
+    if llamas:
+        peak += " / " + "/".join(str(max(x['peak'] for x in res[m][w]) >> 20) for w in llamas)
+    row = [os.path.basename(m), f"{ms:.2f} ({runs(s)})"] + \
+        [f"{v:.2f} ({runs(res[m][w])})" for v, w in zip(ml, llamas)] + \
+        ([f"{ms / max(ml):.2f}" if max(ml) else "0.00"] if llamas else []) + \
+        [f"{med(s, 'hit'):.3f}", f"{med(s, 'mib_tok'):.0f}", f"{med(s, 'compute') * 1e3:.0f}",
+         f"{med(s, 'gbps'):.2f}", f"{med(s, 'bound'):.2f}", f"{ms / med(s, 'bound'):.2f}", peak,
+         str(sum(x["oom"] for w in res[m] for x in res[m][w]))]
+    print("| " + " | ".join(row) + " |")
 s0 = res[a.model[0]]["strata"][0]
 print(f"\nstratad: budget {s0['budget']} MiB, expert cache {s0['cap']} MiB; reads "
       f"{s0['io']}, probed {s0['probed']:.2f} GB/s.  failcnt, max per engine: " +
@@ -203,8 +209,9 @@ print(f"\nstratad: budget {s0['budget']} MiB, expert cache {s0['cap']} MiB; read
 if len([w for w, _ in engines if w.startswith("strata")]) > 1:
     print("\n| model | strata | tok/s (runs) | expert hit rate | expert MiB read / token | "
           "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
-          "token | fault wait ms / token | strata / bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "token | fault wait ms / token | the engine's compute under the pager, ms / token | "
+          "strata / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for m in a.model:
         for who in (w for w, _ in engines if w.startswith("strata")):
             s = res[m][who]
@@ -213,4 +220,6 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
                   f"{med(s, 'mib_tok'):.0f} | {med(s, 'acc'):.3f} | {med(s, 'ahead_tok'):.1f} "
                   f"({med(s, 'ahead_used'):.2f}) | {med(s, 'inflight_tok'):.1f} | "
                   f"{med(s, 'wait'):.1f} ({runs(s, 'wait', '{:.0f}')}) | "
+                  f"{med(s, 'daemon_compute') * 1e3:.0f} "
+                  f"({runs(s, 'daemon_compute', '{:.3f}')}) | "
                   f"{med(s, 'tps') / med(s, 'bound'):.2f} |")
