@@ -939,9 +939,9 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
  * flip was two maddubs a token and 32 elements, done again for every row),
  * then each block's y.d, so that Q6_K reads 260 bytes a block and token,
  * then each block's quants for Q4_K: 808 bytes a block in all.  Both sets
- * of quants go in pairs of 32 for the shared madd (k4_pair_a, k4_pair_b).  Q5_K has no vec_dot8 but takes
- * the same pack8, so that a matmul may group it with Q6_K (Q5_K_M mixes
- * them).
+ * of quants go in pairs of 32 for the shared madd (k4_pair_a, k4_pair_b).
+ * Q5_K has no vec_dot8 but takes the same pack8, so that a matmul may group
+ * it with Q6_K (Q5_K_M mixes them).
  */
 _Static_assert(PACK8_Q8_K_BLOCK <= ENG_PACK8_BYTES(ENG_QK_K), "q8_k pack8 size");
 
