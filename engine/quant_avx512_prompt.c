@@ -347,9 +347,8 @@ kz_rows(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride, co
 				const float *m = l + 16 * np;
 
 				for (unsigned t = 0; t < tn; t++) {
-					const float *x = l + 8 * t, *y = m + 4 * t;
-					const float lanes = ((x[0] + x[4]) + (x[2] + x[6])) +
-							    ((x[1] + x[5]) + (x[3] + x[7]));
+					const float *y = m + 4 * t;
+					const float lanes = hsum_f32x8(_mm256_loadu_ps(l + 8 * t));
 
 					out[(t0 + t) * out_stride + r0 + r] =
 						six ? lanes : lanes + ((y[0] + y[2]) + (y[1] + y[3]));
@@ -479,14 +478,9 @@ VNNI void avx512_prompt_q8_0(size_t n, unsigned nrows, unsigned nt, float *out, 
 			for (unsigned r = 0; r < rn; r++) {
 				const float *l = (const float *)(acc + r * np);
 
-				for (unsigned t = 0; t < tn; t++) {
-					const float *x = l + 8 * t;
-
-					/* hsum_f32x8's order */
+				for (unsigned t = 0; t < tn; t++)
 					out[(t0 + t) * out_stride + r0 + r] =
-						((x[0] + x[4]) + (x[2] + x[6])) +
-						((x[1] + x[5]) + (x[3] + x[7]));
-				}
+						hsum_f32x8(_mm256_loadu_ps(l + 8 * t));
 			}
 		}
 	}
