@@ -25,17 +25,16 @@
  * threads take chunks of rows from a shared counter, in order over the n
  * weights, rather than fixed shares, so one slow thread (the machine is
  * shared, the memory bandwidth too) does not leave the other waiting.  A
- * chunk is about 1024 token-rows: big for a decode step (cold starts cost:
- * each chunk begins without the kernels' prefetch running ahead), down to 64
- * rows for a prompt, and at most about 2 MiB of weights: an 8B-shaped
- * ffn_down (14336 columns, 8-12 KB a row) was otherwise four chunks for two
- * threads, and a thread slowed for a moment left the other idle for up to a
- * quarter of the matrix.  The counter lives in the job, on the caller's
- * stack: nothing is allocated per matmul.
+ * chunk (eng_chunk_rows, quant.h) is about 1024 token-rows: big for a
+ * decode step (cold starts cost: each chunk begins without the kernels'
+ * prefetch running ahead), down to 64 rows for a prompt, and at most about
+ * 2 MiB of weights: an 8B-shaped ffn_down (14336 columns, 8-12 KB a row)
+ * was otherwise four chunks for two threads, and a thread slowed for a
+ * moment left the other idle for up to a quarter of the matrix.  The
+ * counter lives in the job, on the caller's stack: nothing is allocated per
+ * matmul.
  */
-#define MATMUL_CHUNK 64 /* rows: the smallest chunk, a multiple of MATMUL_TILE and 8 */
-#define MATMUL_CHUNK_WORK 1024 /* token-rows per chunk */
-#define MATMUL_CHUNK_BYTES (2u << 20) /* weight bytes per chunk, at most */
+_Static_assert(MATMUL_TILE == 16, "eng_chunk_rows makes chunks of whole 16-row tiles");
 
 struct mm_job {
 	unsigned n;
@@ -152,12 +151,7 @@ void matmul_parts(struct eng_ctx *c, unsigned n, struct mm_part *parts, const fl
 	}
 	/* sized for the part of the most tokens: the others' chunks are
 	 * lighter, which only makes them finer */
-	j.chunk = MATMUL_CHUNK_WORK / (nb ? nb : 1);
-	if (j.chunk > MATMUL_CHUNK_BYTES / row_bytes)
-		j.chunk = MATMUL_CHUNK_BYTES / row_bytes;
-	j.chunk = j.chunk / MATMUL_CHUNK * MATMUL_CHUNK;
-	if (j.chunk < MATMUL_CHUNK)
-		j.chunk = MATMUL_CHUNK;
+	j.chunk = eng_chunk_rows(row_bytes, nb);
 	for (unsigned i = 0; i < n; i++)
 		parts[i].chunks_end = (i ? parts[i - 1].chunks_end : 0) +
 				      (parts[i].w->ne1 + j.chunk - 1) / j.chunk;

@@ -192,6 +192,21 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  */
 #define ENG_DOT8_NT 8
 #define ENG_DOT16_NT 64
+
+/* The rows of a chunk, as matmul.c shares rows of row_bytes out to its
+ * threads for nt tokens (and so how many rows a vec_dotn call gets): about
+ * 1024 token-rows, at most 2 MiB of weights, a multiple of 64 rows (whole
+ * tiles of 16 and of 8), at least 64.  matmul.c says why. */
+static inline uint64_t eng_chunk_rows(size_t row_bytes, uint32_t nt)
+{
+	uint64_t rows = 1024 / (nt ? nt : 1);
+
+	if (rows > (2u << 20) / row_bytes)
+		rows = (2u << 20) / row_bytes;
+	rows = rows / 64 * 64;
+	return rows < 64 ? 64 : rows;
+}
+
 #define ENG_PACK8_BYTES(n) ((n) / 32 * 101) /* Q8_K's: 292 + 256 + 4 + 256 a block, 808 */
 typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
 				const void *w, size_t stride, const void *a, size_t a_stride);

@@ -7,12 +7,11 @@
  * Times ROWS weight rows of N columns of TYPE (random bytes, sane scales)
  * by NT quantized activation rows, the way matmul.c drives a kernel set:
  * matmul's chunks of rows through vec_dotn (up to ENG_DOT16_NT tokens a
- * call) where the set has one (a chunk: 1024 / NT rows rounded down to a
- * multiple of 64, at least 64, at most 2 MiB of weights), else tiles of
- * 16 rows through vec_dot16 (up to ENG_DOT16_NT tokens) where it has one,
- * else of 8 through vec_dot8 (up to ENG_DOT8_NT), else row by row.  Prints the best of R passes.  Defaults: the avx512 set,
- * Q4_K, 64 tokens, 4096 columns, 512 rows (about 1 MB of Q4_K: from L2),
- * 5 passes.  Pin it (taskset -c 1) and run it under the benchmark lock.
+ * call) where the set has one (eng_chunk_rows, quant.h), else tiles of 16
+ * rows through vec_dot16 (up to ENG_DOT16_NT tokens) where it has one, else
+ * of 8 through vec_dot8 (up to ENG_DOT8_NT), else row by row.  Prints the
+ * best of R passes.  Defaults: the avx512 set, Q4_K, 64 tokens, 4096
+ * columns, 512 rows (about 1 MB of Q4_K: from L2), 5 passes.  Pin it (taskset -c 1) and run it under the benchmark lock.
  * SET is scalar, avx2, avx512 or avx512-novbmi; TYPE is Q4_0, Q4_0_R16, Q8_0,
  * Q4_K, Q5_K or Q6_K.  Exit status 2 for a bad argument or a set this CPU lacks.
  */
@@ -166,22 +165,15 @@ int main(int argc, char **argv)
 		if (k->pack8[type])
 			k->pack8[type](a + t * stride, a + t * stride + off, n);
 	}
-	/* matmul.c's chunk (MATMUL_CHUNK_WORK, MATMUL_CHUNK_BYTES, MATMUL_CHUNK) */
-	unsigned long chunk = 1024 / nt;
+	/* vec_dotn takes matmul.c's chunks; the others tiles of 16 rows */
+	const unsigned long step = k->vec_dotn[type] ? eng_chunk_rows(rb, (uint32_t)nt) : 16;
 
-	if (chunk > (2ul << 20) / rb)
-		chunk = (2ul << 20) / rb;
-	chunk = chunk / 64 * 64;
-	if (chunk < 64)
-		chunk = 64;
 	for (unsigned long rep = 0; rep < reps; rep++) {
 		const double t0 = now();
 
-		for (unsigned long r = 0; r < rows; r += 16) {
+		for (unsigned long r = 0; r < rows; r += step) {
 			if (k->vec_dotn[type]) {
-				if (r % chunk)
-					continue;
-				const unsigned long nr = rows - r < chunk ? rows - r : chunk;
+				const unsigned long nr = rows - r < step ? rows - r : step;
 
 				for (unsigned long b = 0; b < nt; b += ENG_DOT16_NT)
 					k->vec_dotn[type](n, (unsigned)nr,
