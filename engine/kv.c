@@ -92,12 +92,8 @@ static void quant_row(const struct eng_ctx *c, enum eng_kv_type t, const float *
 	case ENG_KV_Q4_0:
 		kv_q4_0_from_float(src, dst, c->kv_dim);
 		break;
-	default: {
-		eng_fp16_t *h = dst;
-
-		for (uint32_t i = 0; i < c->kv_dim; i++)
-			h[i] = eng_fp32_to_fp16(src[i]);
-	}
+	default: /* the kernel set's conversion (F16C): the same bits as eng_fp32_to_fp16 */
+		c->k->from_float[ENG_TYPE_F16](src, dst, c->kv_dim);
 	}
 }
 
