@@ -7,7 +7,12 @@
 
 For each shape, the model is made with strata-mkmodel into DIR unless it is
 there (and removed after its rounds unless --keep or it was there: 8B files
-are 5 GB each).  Each round reads the file into the page cache, then runs
+are 5 GB each), and its pages dropped from the page cache before the first
+round reads it in.  Where DIR is matters: a file on a disk (ext4 here) is
+read into 2 MiB folios and mapped 2 MiB at a time; one in tmpfs (/dev/shm)
+is mapped in 4 KiB pages where transparent huge pages are off for shmem
+(this machine's default), which cost gemma2-9b about 4% of the bound
+(docs/benchmarks.md, issue 16, session 31).  Each round reads the file into the page cache, then runs
 
   strata       `strata bench -m M -p 0 -n TOKENS --json`: decode tok/s, the
                bound (the machine's memory read rate over the weight bytes a
@@ -55,6 +60,20 @@ def run(cmd):
     return r.stdout
 
 
+def uncache(path):
+    """Drop path's pages from the page cache (written back first), so that the
+    first round's reading brings the file in as a downloaded model's load
+    does: by readahead, which puts it in large folios that the engine's
+    mapping takes 2 MiB at a time.  The pages strata-mkmodel just wrote are
+    small ones.  (On tmpfs the pages are the file: nothing changes.)"""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def fmt(v, d=2):
     if not v:
         return "-"
@@ -69,6 +88,7 @@ for shape in a.shape:
     made = not os.path.exists(path)
     if made:
         run([MKMODEL, "--shape", shape, "--type", a.type, "-o", path])
+    uncache(path)
     res = {"tps": [], "bound": [], "frac": [], "paired": []}
     lres = {n: ([], []) for n in llamas}
     try:
