@@ -8,11 +8,12 @@
 For each shape, the model is made with strata-mkmodel into DIR unless it is
 there (and removed after its rounds unless --keep or it was there: 8B files
 are 5 GB each), and its pages dropped from the page cache before the first
-round reads it in.  Where DIR is matters: a file on a disk (ext4 here) is
-read into 2 MiB folios and mapped 2 MiB at a time; one in tmpfs (/dev/shm)
-is mapped in 4 KiB pages where transparent huge pages are off for shmem
-(this machine's default), which cost gemma2-9b about 4% of the bound
-(docs/benchmarks.md, issue 16, session 31).  Each round reads the file into the page cache, then runs
+round reads it in.  Where DIR is matters: a file on a disk (ext4 here) is read
+into 2 MiB folios and mapped 2 MiB at a time; one in tmpfs (/dev/shm) is
+mapped in 4 KiB pages where transparent huge pages are off for shmem (this
+machine's default), which cost gemma2-9b and qwen35-9b 3-4% of the bound
+(docs/benchmarks.md, issue 16, session 31).  Each round reads the file into
+the page cache, then runs
 
   strata       `strata bench -m M -p 0 -n TOKENS --json`: decode tok/s, the
                bound (the machine's memory read rate over the weight bytes a
