@@ -541,6 +541,49 @@ static void gelu_mul(const struct eng_kernels *k, float *h, const float *u, size
 	}
 }
 
+/* h[i] = silu(h[i]) * u[i] for n values, as the reference: g / (1 + e^-g). */
+static void silu_mul(float *h, const float *u, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		float g = h[i];
+
+		h[i] = g / (1.0f + expf(-g)) * u[i];
+	}
+}
+
+/*
+ * The FFN's gate: h = act(h) * u over n values, a share on each thread of the
+ * pool.  On the caller alone, a 64-token prompt's SiLUs (a libm expf and a
+ * division each, 14336 a token and layer for an 8B model) were 2.2% of its
+ * samples while the other thread waited.  Each value is computed as before,
+ * wherever the shares split: the same bits.
+ */
+struct glu_job {
+	const struct eng_kernels *k;
+	enum ffn_act act;
+	float *h;
+	const float *u;
+	size_t n;
+};
+
+static void glu_worker(void *arg, unsigned ith, unsigned nth)
+{
+	const struct glu_job *j = arg;
+	size_t i0 = j->n * ith / nth, i1 = j->n * (ith + 1) / nth;
+
+	if (j->act == ACT_GELU_TANH)
+		gelu_mul(j->k, j->h + i0, j->u + i0, i1 - i0);
+	else
+		silu_mul(j->h + i0, j->u + i0, i1 - i0);
+}
+
+static void glu(struct eng_ctx *c, enum ffn_act act, float *h, const float *u, size_t n)
+{
+	struct glu_job j = { c->k, act, h, u, n };
+
+	eng_pool_run(c->pool, glu_worker, &j);
+}
+
 /* x = tanh(x / cap) * cap over the final logits, a share on each thread: a
  * 256k vocabulary is 256k tanhf, 8 ms a token on one. */
 struct softcap_job {
@@ -646,15 +689,7 @@ static void ffn_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 
 		matmul_shared(c, 2, ws, outs, c->xb, nb);
 	}
-	if (c->m->arch->act == ACT_GELU_TANH) {
-		gelu_mul(c->k, c->hb, c->hb2, n);
-	} else {
-		for (size_t i = 0; i < n; i++) {
-			float g = c->hb[i];
-
-			c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
-		}
-	}
+	glu(c, c->m->arch->act, c->hb, c->hb2, n);
 	matmul1(c, &w->down, c->xb, c->hb, nb);
 	if (w->post_ffn_norm.data)
 		rmsnorm_rows(c->xb, c->xb, &w->post_ffn_norm, nb, E, hp->norm_eps);
@@ -857,11 +892,7 @@ static void moe_block(struct eng_ctx *c, uint32_t l, uint32_t nb)
 		matmul_parts(c, n, parts, c->moe_in, np);
 		matmul_parts(c, n, parts + N, c->moe_in, np);
 	}
-	for (size_t i = 0; i < (size_t)np * F; i++) {
-		float g = c->hb[i];
-
-		c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
-	}
+	glu(c, ACT_SILU, c->hb, c->hb2, (size_t)np * F);
 
 	n = 0;
 	for (uint32_t e = 0; e < N; e++) {
