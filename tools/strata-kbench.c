@@ -11,7 +11,8 @@
  * rows through vec_dot16 (up to ENG_DOT16_NT tokens) where it has one, else
  * of 8 through vec_dot8 (up to ENG_DOT8_NT), else row by row.  Prints the
  * best of R passes.  Defaults: the avx512 set, Q4_K, 64 tokens, 4096
- * columns, 512 rows (about 1 MB of Q4_K: from L2), 5 passes.  Pin it (taskset -c 1) and run it under the benchmark lock.
+ * columns, 512 rows (about 1 MB of Q4_K: from L2), 5 passes.  Pin it
+ * (taskset -c 1) and run it under the benchmark lock.
  * SET is scalar, avx2, avx512 or avx512-novbmi; TYPE is Q4_0, Q4_0_R16, Q8_0,
  * Q4_K, Q5_K or Q6_K.  Exit status 2 for a bad argument or a set this CPU lacks.
  */
