@@ -3,9 +3,12 @@
  *
  * In a model with expert units (layout.c), the layers' cores (attention,
  * norms, routers) stay resident with unit 0; what the plan leaves beyond
- * them is the expert cache (model->ex.capacity).  Experts are read into the
- * model's memfd like any unit and leave by punch hole, which unmaps them
- * from every engine at once.
+ * them is the expert cache (model->ex.capacity).  A daemon that serves
+ * engines alone reads experts into slots whose pages are reused, mapped at
+ * each expert's range by a REMAP as streamed layers are (residency.c; the
+ * third part of this file); with a mount, into the model's memfd like any
+ * unit, and they leave by punch hole, which unmaps them from every engine
+ * at once.
  *
  * An engine sends ROUTE before a layer reads its experts: the experts its
  * router picked for the pass.  Those it lacks are loaded at once, all of
@@ -318,8 +321,10 @@ static bool may_go(void *arg, unsigned i)
 	return m->us[u].state == U_LOADED && !m->ex.pins[i] && !m->waiters[u];
 }
 
+/* ---- room for a load -------------------------------------------------- */
+
 /* Evict the least valued experts until `need` more bytes fit the capacity;
- * false if they do not (everything left is wanted). */
+ * false if they do not (everything left is wanted).  Experts in the memfd. */
 static bool make_room(struct model *m, uint64_t need)
 {
 	while (m->ex.held + need > m->ex.capacity) {
@@ -332,43 +337,155 @@ static bool make_room(struct model *m, uint64_t need)
 	return true;
 }
 
-/* Load expert unit u (not in memory), making room for it first.  Loaded
- * even if no room is left: an engine waits for it, and the minimum
- * (plan.c) holds a whole layer's experts, so only engines in different
- * layers at once can take the cache past its capacity, by what they route. */
-static int load(struct model *m, unsigned u)
+/*
+ * Experts in slots (residency.c: a daemon serving engines alone).  While
+ * the cache grows, a read lands on new pages wherever it goes, so experts
+ * go to the memfd, as a mount needs them.  Once the cache is full (it has
+ * evicted), every load goes to a slot: its pages, made once, are reused
+ * for one expert after another, where a read into the memfd would make new
+ * ones, which cost the kernel an allocation and zeroing (and this VM the
+ * host's faults) on the cores the engine computes on (docs/benchmarks.md,
+ * "What a read costs the CPU here"); the experts still in the memfd leave
+ * by punch hole as before, their room going to new slots.  An evicted
+ * expert's slot is free only once every client maps its range from the
+ * memfd again (a REMAP round trip), so a few slots are kept free or on
+ * their way (spares), and a miss starts reading at once.
+ */
+
+/* A sixteenth of the cache's slots, at most 16 (two layers' routed experts
+ * of Qwen3-30B-A3B). */
+static unsigned spares(const struct model *m)
 {
-	make_room(m, m->lay->units[u].bytes);
-	return pager_load(m, u);
+	uint64_t n = m->ex.capacity == UINT64_MAX ? 0 : m->ex.capacity / m->slot_size / 16;
+
+	return n < 16 ? (unsigned)n : 16;
+}
+
+/* Evict the least valued experts until `want` slots are free or on their
+ * way, unless a new slot fits (the evicted were in the memfd). */
+static void vacate(struct model *m, unsigned want)
+{
+	while (m->slots_free + m->slots_vacating < want && !pager_slot_new_fits(m)) {
+		long v = expert_cache_victim(&m->ex.cache, may_go, m);
+
+		if (v < 0)
+			return;
+		m->ex.full = true;
+		pager_evict(m, m->lay->n_layers + 1 + (unsigned)v);
+	}
+}
+
+#define IN_MEMFD (-1)
+#define NO_ROOM (-2)
+
+/* Where expert unit u may be read now within the capacity, after evicting
+ * what must go for it: a slot, IN_MEMFD or NO_ROOM.  `waiting`: loads
+ * already waiting for a slot in this step, each owed one. */
+static int place(struct model *m, unsigned u, unsigned waiting)
+{
+	uint64_t b = m->lay->units[u].bytes;
+	int s;
+
+	if (!m->n_slots) {
+		if (m->ex.held + b > m->ex.capacity)
+			m->ex.full = true;
+		return make_room(m, b) ? IN_MEMFD : NO_ROOM;
+	}
+	if ((s = pager_slot_free(m, false)) >= 0)
+		return s;
+	if (!m->ex.full && m->ex.held + b <= m->ex.capacity)
+		return IN_MEMFD;
+	vacate(m, spares(m) + waiting + 1);
+	s = pager_slot_free(m, pager_slot_new_fits(m));
+	return s >= 0 ? s : NO_ROOM;
+}
+
+/* Bring the cache within a capacity that shrank (the plan, pressure):
+ * evict, and punch the slots that frees; then keep the spares. */
+static void trim(struct model *m)
+{
+	if (!m->n_slots) {
+		make_room(m, 0);
+		return;
+	}
+	while (m->ex.held > m->ex.capacity) {
+		uint64_t over = (m->ex.held - m->ex.capacity + m->slot_size - 1) / m->slot_size;
+		long v;
+
+		if (pager_slot_drop(m))
+			continue;
+		if (m->slots_vacating >= over)
+			return; /* dropped once vacated: the next step comes then */
+		if ((v = expert_cache_victim(&m->ex.cache, may_go, m)) < 0)
+			return;
+		pager_evict(m, m->lay->n_layers + 1 + (unsigned)v);
+	}
+	if (m->ex.full)
+		vacate(m, spares(m));
+}
+
+/* Load expert unit u (not in memory), making room for it first.  Loaded
+ * even if no room is left, into the memfd: an engine waits for it, and the
+ * minimum (plan.c) holds a whole layer's experts, so only engines in
+ * different layers at once can take the cache past its capacity, by what
+ * they route.  But while a victim's slot is on its way, u waits for it
+ * (still absent, *waiting counts it): pager_slot_vacated takes the next
+ * step, which loads it. */
+static int load(struct model *m, unsigned u, unsigned *waiting)
+{
+	int s = place(m, u, *waiting);
+
+	if (s == NO_ROOM && m->slots_vacating) {
+		++*waiting;
+		return 0;
+	}
+	return pager_load_at(m, u, s == NO_ROOM ? IN_MEMFD : s);
 }
 
 /* A fault waits for expert unit u (uffd.c): load it if nobody is. */
 void pager_experts_demand(struct model *m, unsigned u)
 {
-	if (m->us[u].state == U_ABSENT && load(m, u))
+	unsigned waiting = 0;
+
+	if (m->us[u].state != U_ABSENT)
+		return;
+	if (load(m, u, &waiting))
 		pager_drop_client(m->waiters[u]->c, "the model file could not be read");
+	else if (waiting)
+		m->ex.demand_waits = true;
 }
 
-/* Load the experts the clients routed to that are not in memory; then, if
- * the plan shrank, evict down to the capacity. */
+/* Load the experts the clients routed to, and those faults wait for, that
+ * are not in memory; then, if the plan shrank, evict down to the capacity. */
 void pager_experts_advance(struct model *m)
 {
-	if (!m->lay->n_experts)
+	const struct pager_layout *l = m->lay;
+	unsigned waiting = 0;
+
+	if (!l->n_experts)
 		return;
 	for (struct client *c = m->p->clients; c; c = c->next) {
 		if (c->m != m || c->dead)
 			continue;
 		for (uint32_t i = 0; i < c->n_route; i++)
-			if (m->us[c->route[i]].state == U_ABSENT && load(m, c->route[i]))
+			if (m->us[c->route[i]].state == U_ABSENT && load(m, c->route[i], &waiting))
 				return;
 	}
-	make_room(m, 0);
+	/* faults of an engine that does not route, which waited for a slot */
+	if (m->ex.demand_waits) {
+		unsigned before = waiting;
+
+		for (unsigned u = l->n_layers + 1; u < l->n_units; u++)
+			if (m->waiters[u] && m->us[u].state == U_ABSENT && load(m, u, &waiting))
+				return;
+		m->ex.demand_waits = waiting > before;
+	}
+	trim(m);
 }
 
 void pager_experts_hint(struct client *c, uint32_t layer, const uint8_t *experts, uint32_t n)
 {
 	struct model *m = c->m;
-	const struct pager_layout *l = m->lay;
 
 	if (!experts_apply(c, layer, n))
 		return;
@@ -389,7 +506,9 @@ void pager_experts_hint(struct client *c, uint32_t layer, const uint8_t *experts
 
 		if (m->us[u].state != U_ABSENT)
 			continue;
-		if (!make_room(m, l->units[u].bytes) || pager_load(m, u))
+		int slot = place(m, u, 0);
+
+		if (slot == NO_ROOM || pager_load_at(m, u, slot))
 			break;
 		m->ex.ahead_loads++;
 		m->ex.ahead[index_of(m, u)] = 1;

@@ -93,17 +93,23 @@ static void released(struct model *m, unsigned u)
 		pager_pressure_released(m->p, m->lay->units[u].bytes);
 	}
 	m->us[u].state = U_ABSENT;
-	if (pager_is_expert(m->lay, u))
-		m->ex.held -= m->lay->units[u].bytes;
 	if (m->us[u].slot >= 0) {
+		/* the slot keeps its pages for the next unit */
 		m->slot_unit[m->us[u].slot] = -1;
 		m->us[u].slot = -1;
+		m->slots_free++;
+		m->slots_vacating--;
 	} else {
 		m->mem_bytes -= m->lay->units[u].bytes;
+		if (pager_is_expert(m->lay, u))
+			m->ex.held -= m->lay->units[u].bytes;
 	}
 	if (m->us[u].want_load) {
 		m->us[u].want_load = false;
-		pager_load(m, u);
+		if (pager_is_expert(m->lay, u))
+			pager_experts_demand(m, u); /* its room is the cache's */
+		else
+			pager_load(m, u);
 	}
 }
 
@@ -123,7 +129,8 @@ static void release(struct model *m, unsigned u)
 	if (m->us[u].slot >= 0) {
 		/* nothing to free: every client maps the range from the memfd
 		 * again (pager_slot_vacated), and then the slot takes the next
-		 * layer */
+		 * unit */
+		m->slots_vacating++;
 		if (pager_uffd_slot_out(m, u) == 0)
 			released(m, u);
 		return;
@@ -273,21 +280,33 @@ uint64_t pager_allowance(const struct model *m)
  * far apart), a resident layer and unit 0 are read into the memfd as
  * before.  Slots are the engines' alone: with a mount, the memfd also
  * serves its reads at the file's offsets, and such a daemon has none.
+ *
+ * With expert units the layers' cores are resident and the experts take
+ * the slots instead, one an expert (its three slices' own pages), as many
+ * as the expert cache may hold (experts.c decides when a slot's pages may
+ * be made or must be punched; the memfd is sparse until then).  Each expert
+ * in a slot splits the client's mapping into about six areas, so their
+ * number is capped well under the kernel's default vm.max_map_count
+ * (65530): a cache larger than SLOTS_EXPERTS_MAX experts keeps the rest in
+ * the memfd, as without slots.
  */
 #define SLOT_RANGES PROTO_REMAP_MAX
+#define SLOTS_EXPERTS_MAX 8192u
 
 int pager_slots_create(struct model *m)
 {
 	struct pager_extent own[SLOT_RANGES];
-	unsigned L = m->lay->n_layers;
+	const struct pager_layout *l = m->lay;
+	unsigned L = l->n_layers;
+	/* the units that stream: the experts, or the layers */
+	unsigned first = l->n_experts ? L + 1 : 1, end = l->n_experts ? l->n_units : L + 1;
 
 	m->slotfd = -1;
-	for (unsigned u = 0; u < m->lay->n_units; u++)
+	for (unsigned u = 0; u < l->n_units; u++)
 		m->us[u].slot = -1;
-	/* with expert units the layers' cores are resident: nothing streams */
-	if (m->p->n_consumers > 1 || L == 0 || m->lay->n_experts)
+	if (m->p->n_consumers > 1 || L == 0)
 		return 0;
-	for (unsigned u = 1; u <= L; u++) {
+	for (unsigned u = first; u < end; u++) {
 		unsigned n = pager_own_ranges(m, u, own, SLOT_RANGES);
 		uint64_t b = 0;
 
@@ -298,7 +317,10 @@ int pager_slots_create(struct model *m)
 	}
 	if (!m->slot_size)
 		return 0;
-	m->n_slots = m->p->window + 1 < L ? m->p->window + 1 : L;
+	if (l->n_experts)
+		m->n_slots = end - first < SLOTS_EXPERTS_MAX ? end - first : SLOTS_EXPERTS_MAX;
+	else
+		m->n_slots = m->p->window + 1 < L ? m->p->window + 1 : L;
 	m->slot_unit = malloc(m->n_slots * sizeof(*m->slot_unit));
 	m->slot_touched = calloc(m->n_slots, sizeof(*m->slot_touched));
 	m->slotfd = memfd_create(m->name, MFD_CLOEXEC);
@@ -326,17 +348,53 @@ void pager_slots_destroy(struct model *m)
 	free(m->slot_touched);
 }
 
-/* The slot unit u would be read into, or -1 (the memfd). */
+/* The slot unit u would be read into, or -1 (the memfd): a free one whose
+ * pages exist first, so that none are made while others wait. */
 static int find_slot(const struct model *m, unsigned u)
 {
 	struct pager_extent own[SLOT_RANGES];
 
 	if (!m->n_slots || u == 0 || m->us[u].resident || !pager_own_ranges(m, u, own, SLOT_RANGES))
 		return -1;
+	return pager_slot_free(m, true);
+}
+
+int pager_slot_free(const struct model *m, bool fresh)
+{
+	int untouched = -1;
+
 	for (unsigned s = 0; s < m->n_slots; s++)
-		if (m->slot_unit[s] < 0)
-			return (int)s;
-	return -1;
+		if (m->slot_unit[s] < 0) {
+			if (m->slot_touched[s])
+				return (int)s;
+			if (untouched < 0)
+				untouched = (int)s;
+		}
+	return fresh ? untouched : -1;
+}
+
+bool pager_slot_new_fits(const struct model *m)
+{
+	return m->slot_bytes + m->slot_size <= m->n_slots * m->slot_size &&
+	       m->ex.held + m->slot_size <= m->ex.capacity;
+}
+
+bool pager_slot_drop(struct model *m)
+{
+	for (unsigned s = 0; s < m->n_slots; s++) {
+		if (m->slot_unit[s] >= 0 || !m->slot_touched[s])
+			continue;
+		if (fallocate(m->slotfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			      (off_t)(s * m->slot_size), (off_t)m->slot_size))
+			pager_log_errno(PAGER_LOG_ERR, errno, "%s: freeing a slot", m->name);
+		m->slot_touched[s] = false;
+		m->slot_bytes -= m->slot_size;
+		m->slots_free--;
+		if (m->lay->n_experts)
+			m->ex.held -= m->slot_size;
+		return true;
+	}
+	return false;
 }
 
 /* What loading unit u adds to the memory held: its bytes in the memfd, or a
@@ -358,6 +416,10 @@ static void take_slot(struct model *m, unsigned u)
 	if (!m->slot_touched[s]) {
 		m->slot_touched[s] = true;
 		m->slot_bytes += m->slot_size;
+		if (pager_is_expert(m->lay, u))
+			m->ex.held += m->slot_size;
+	} else {
+		m->slots_free--;
 	}
 	m->slot_unit[s] = (int)u;
 	m->slot_loads++;
@@ -434,6 +496,11 @@ static void finish_load(struct model *m, unsigned u)
 
 int pager_load(struct model *m, unsigned u)
 {
+	return pager_load_at(m, u, find_slot(m, u));
+}
+
+int pager_load_at(struct model *m, unsigned u, int slot)
+{
 	const struct pager_unit *un = &m->lay->units[u];
 	struct io_tag *tag;
 
@@ -449,13 +516,14 @@ int pager_load(struct model *m, unsigned u)
 	m->us[u].reads_left = 1; /* held until every chunk is queued */
 	m->us[u].io_err = 0;
 	m->us[u].loads++;
-	m->us[u].slot = find_slot(m, u);
-	if (m->us[u].slot >= 0)
+	m->us[u].slot = slot;
+	if (m->us[u].slot >= 0) {
 		take_slot(m, u);
-	else
+	} else {
 		m->mem_bytes += un->bytes;
-	if (pager_is_expert(m->lay, u))
-		m->ex.held += un->bytes;
+		if (pager_is_expert(m->lay, u))
+			m->ex.held += un->bytes;
+	}
 	/* Each extent: into the memfd, or, in a slot, its own pages there (one
 	 * after the other) and any shared boundary page into the memfd. */
 	uint64_t at = m->us[u].slot >= 0 ? (uint64_t)m->us[u].slot * m->slot_size : 0;

@@ -129,6 +129,8 @@ struct model_experts {
 	 * to when a hint had named them (read ahead or not), routed to in a
 	 * layer that had a hint, and routed to while still being read */
 	uint64_t hinted, ahead_loads, ahead_used, hint_right, hint_routed, in_flight;
+	bool demand_waits;     /* a fault's expert waits for a slot (experts.c) */
+	bool full;             /* the cache has evicted: loads go to slots */
 	uint64_t fuse_misses;  /* experts the mount's reader read from the file */
 	int fuse_layer;        /* the layer of the last of them */
 };
@@ -175,6 +177,8 @@ struct model {
 	int *slot_unit;          /* per slot: the unit in it, -1 free */
 	bool *slot_touched;      /* its pages exist (held from then on) */
 	uint64_t slot_bytes;     /* bytes of touched slots */
+	unsigned slots_free;     /* touched slots holding no unit */
+	unsigned slots_vacating; /* slots whose unit is leaving (REMAPs back unanswered) */
 	uint64_t slot_loads;     /* loads into a slot */
 	struct speed speed;      /* what its engines' decode passes took */
 	struct model_experts ex; /* with expert units (layout.c) */
@@ -349,7 +353,10 @@ enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD, EV_FUS
 
 
 /* residency.c */
+/* Read unit u (absent) into a free slot if it streams and one is free, else
+ * into the memfd; or (pager_load_at) into slot (-1: the memfd). */
 int pager_load(struct model *m, unsigned u);
+int pager_load_at(struct model *m, unsigned u, int slot);
 uint64_t pager_allowance(const struct model *m);
 /* What the engines declared: the connected ones', or while none of them has,
  * the last total (see residency.c). */
@@ -382,6 +389,14 @@ int pager_slots_create(struct model *m);
 void pager_slots_destroy(struct model *m);
 /* Every client maps unit u from the memfd again: its slot is free. */
 void pager_slot_vacated(struct model *m, unsigned u);
+/* A free slot whose pages exist, or with fresh one without them; -1: none. */
+int pager_slot_free(const struct model *m, bool fresh);
+/* Whether one more slot's pages may be made: an untouched slot is left and,
+ * with expert units, the expert cache has room for it (experts.c). */
+bool pager_slot_new_fits(const struct model *m);
+/* Punch a free touched slot's pages (a shrunken expert cache): false if
+ * there is none. */
+bool pager_slot_drop(struct model *m);
 
 void pager_evict(struct model *m, unsigned u);
 

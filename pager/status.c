@@ -335,8 +335,8 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			       "\"resident_bytes\": %llu, \"resident_layers_planned\": %u, "
 			       "\"bytes_read\": %llu, \"read_mbps\": %.1f, \"fault_wait_ms\": %.3f, "
 			       "\"memfd_bytes\": %llu, \"page_cache_bytes\": %llu, "
-			       "\"sparse_bytes\": %llu, \"slots\": %u, \"slot_bytes\": %llu, "
-			       "\"slot_loads\": %llu, "
+			       "\"sparse_bytes\": %llu, \"slots\": %u, \"slot_size\": %llu, "
+			       "\"slot_bytes\": %llu, \"slot_loads\": %llu, "
 			       "\"other\": {\"state\": \"%s\", \"bytes\": %llu, \"loads\": %llu, "
 			       "\"faults\": %llu}, \"layers\": [",
 			   (unsigned long long)m->lay->file_size,
@@ -347,7 +347,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			   (unsigned long long)m->bytes_read, tput, m->fault_wait_ns / 1e6,
 			   (unsigned long long)m->mem_bytes, (unsigned long long)m->cache_bytes,
 			   (unsigned long long)m->sparse_bytes, m->n_slots,
-			   (unsigned long long)m->slot_bytes, (unsigned long long)m->slot_loads,
+			   (unsigned long long)m->slot_size, (unsigned long long)m->slot_bytes, (unsigned long long)m->slot_loads,
 			   state_name(m, 0), (unsigned long long)m->lay->units[0].bytes,
 			   (unsigned long long)m->us[0].loads, (unsigned long long)m->us[0].faults);
 			for (unsigned u = 1; u <= m->lay->n_layers; u++)
@@ -424,9 +424,10 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 		sb(&s, "  read        %.1f MiB; fault wait %.1f ms\n", m->bytes_read / 1048576.0,
 		   m->fault_wait_ns / 1e6);
 		if (m->n_slots)
-			sb(&s, "  slots       %u of %.1f MiB for streamed layers, %.1f MiB in memory, "
+			sb(&s, "  slots       %u of %.1f MiB for %s, %.1f MiB in memory, "
 			       "%llu loads into them\n",
-			   m->n_slots, m->slot_size / 1048576.0, m->slot_bytes / 1048576.0,
+			   m->n_slots, m->slot_size / 1048576.0,
+			   m->lay->n_experts ? "experts" : "streamed layers", m->slot_bytes / 1048576.0,
 			   (unsigned long long)m->slot_loads);
 		if (m->lay->sparse.len)
 			sb(&s, "  embedding   %.1f MiB, read a block at a time: %.1f MiB in memory\n",

@@ -204,6 +204,25 @@ static void flush_remaps(struct client *c)
 	}
 }
 
+/* Queue w for client c: a unit into its slot, which a fault may wait for,
+ * goes before the unsent REMAPs back to the memfd, which only free slots
+ * (each is for another unit: a unit goes into a slot only once every REMAP
+ * of it back has been answered). */
+static void queue_remap(struct client *c, struct remap_wait *w)
+{
+	struct remap_wait **at = &c->remaps;
+
+	if (w->to_slot)
+		while (*at && ((*at)->sent || (*at)->to_slot))
+			at = &(*at)->next;
+	else
+		at = c->remaps_tail;
+	w->next = *at;
+	*at = w;
+	if (!w->next)
+		c->remaps_tail = &w->next;
+}
+
 /* Ask client c to map unit u's range from its slot (to_slot) or from the
  * memfd; the answer comes back as REMAPPED (pager_on_remapped). */
 static void send_remap(struct client *c, unsigned u, bool to_slot)
@@ -230,8 +249,7 @@ static void send_remap(struct client *c, unsigned u, bool to_slot)
 		proto_put_u64(r + 16, to_slot ? at : PROTO_FROM_MODEL);
 		at += own[i].len;
 	}
-	*c->remaps_tail = w;
-	c->remaps_tail = &w->next;
+	queue_remap(c, w);
 	c->view[u] = to_slot ? VIEW_SLOT_PENDING : VIEW_MODEL_PENDING;
 	if (!to_slot)
 		m->us[u].remaps_left++;
