@@ -3,12 +3,12 @@
  *
  * In a model with expert units (layout.c), the layers' cores (attention,
  * norms, routers) stay resident with unit 0; what the plan leaves beyond
- * them is the expert cache (model->ex.capacity).  A daemon that serves
- * engines alone reads experts into slots whose pages are reused, mapped at
- * each expert's range by a REMAP as streamed layers are (residency.c; the
- * third part of this file); with a mount, into the model's memfd like any
- * unit, and they leave by punch hole, which unmaps them from every engine
- * at once.
+ * them is the expert cache (model->ex.capacity).  Experts are read into the
+ * model's memfd like any unit and leave by punch hole, which unmaps them
+ * from every engine at once; but once the cache is full, a daemon that
+ * serves engines alone reads them into slots whose pages are reused,
+ * mapped at each expert's range by a REMAP as streamed layers' are
+ * (residency.c; the third part of this file, "room for a load").
  *
  * An engine sends ROUTE before a layer reads its experts: the experts its
  * router picked for the pass.  Those it lacks are loaded at once, all of
@@ -386,11 +386,8 @@ static int place(struct model *m, unsigned u, unsigned waiting)
 	uint64_t b = m->lay->units[u].bytes;
 	int s;
 
-	if (!m->n_slots) {
-		if (m->ex.held + b > m->ex.capacity)
-			m->ex.full = true;
+	if (!m->n_slots)
 		return make_room(m, b) ? IN_MEMFD : NO_ROOM;
-	}
 	if ((s = pager_slot_free(m, false)) >= 0)
 		return s;
 	if (!m->ex.full && m->ex.held + b <= m->ex.capacity)
