@@ -439,15 +439,19 @@ static int load(struct model *m, unsigned u, unsigned *waiting)
 	return pager_load_at(m, u, s == NO_ROOM ? IN_MEMFD : s);
 }
 
-/* A fault waits for expert unit u (uffd.c): load it if nobody is. */
+/* A fault waits for expert unit u (uffd.c), or waited while it was being
+ * evicted (residency.c, released: its client may have gone since): load it
+ * if nobody is. */
 void pager_experts_demand(struct model *m, unsigned u)
 {
 	unsigned waiting = 0;
 
 	if (m->us[u].state != U_ABSENT)
 		return;
-	if (load(m, u, &waiting))
-		pager_drop_client(m->waiters[u]->c, "the model file could not be read");
+	if (load(m, u, &waiting)) {
+		if (m->waiters[u])
+			pager_drop_client(m->waiters[u]->c, "the model file could not be read");
+	}
 	else if (waiting)
 		m->ex.demand_waits = true;
 }

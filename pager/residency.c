@@ -363,6 +363,8 @@ int pager_slot_free(const struct model *m, bool fresh)
 {
 	int untouched = -1;
 
+	if (!fresh && !m->slots_free)
+		return -1; /* no scan: each expert load asks while the cache grows */
 	for (unsigned s = 0; s < m->n_slots; s++)
 		if (m->slot_unit[s] < 0) {
 			if (m->slot_touched[s])

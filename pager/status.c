@@ -347,7 +347,8 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			   (unsigned long long)m->bytes_read, tput, m->fault_wait_ns / 1e6,
 			   (unsigned long long)m->mem_bytes, (unsigned long long)m->cache_bytes,
 			   (unsigned long long)m->sparse_bytes, m->n_slots,
-			   (unsigned long long)m->slot_size, (unsigned long long)m->slot_bytes, (unsigned long long)m->slot_loads,
+			   (unsigned long long)m->slot_size, (unsigned long long)m->slot_bytes,
+			   (unsigned long long)m->slot_loads,
 			   state_name(m, 0), (unsigned long long)m->lay->units[0].bytes,
 			   (unsigned long long)m->us[0].loads, (unsigned long long)m->us[0].faults);
 			for (unsigned u = 1; u <= m->lay->n_layers; u++)
