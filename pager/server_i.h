@@ -180,6 +180,8 @@ struct model {
 	unsigned slots_free;     /* touched slots holding no unit */
 	unsigned slots_vacating; /* slots whose unit is leaving (REMAPs back unanswered) */
 	uint64_t slot_loads;     /* loads into a slot */
+	uint64_t remaps;         /* REMAPs its clients answered */
+	uint64_t remap_ns;       /* their time from sent to answered, summed */
 	struct speed speed;      /* what its engines' decode passes took */
 	struct model_experts ex; /* with expert units (layout.c) */
 };
@@ -197,6 +199,7 @@ struct remap_wait {
 	unsigned u;
 	bool to_slot;
 	bool sent;
+	uint64_t sent_ns;
 	uint32_t len;
 	uint8_t msg[]; /* the payload */
 };

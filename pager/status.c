@@ -337,6 +337,7 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			       "\"memfd_bytes\": %llu, \"page_cache_bytes\": %llu, "
 			       "\"sparse_bytes\": %llu, \"slots\": %u, \"slot_size\": %llu, "
 			       "\"slot_bytes\": %llu, \"slot_loads\": %llu, "
+			       "\"remaps\": %llu, \"remap_ms\": %.3f, "
 			       "\"other\": {\"state\": \"%s\", \"bytes\": %llu, \"loads\": %llu, "
 			       "\"faults\": %llu}, \"layers\": [",
 			   (unsigned long long)m->lay->file_size,
@@ -348,7 +349,8 @@ void pager_render_status(struct pager *p, bool json, char *out, size_t cap, size
 			   (unsigned long long)m->mem_bytes, (unsigned long long)m->cache_bytes,
 			   (unsigned long long)m->sparse_bytes, m->n_slots,
 			   (unsigned long long)m->slot_size, (unsigned long long)m->slot_bytes,
-			   (unsigned long long)m->slot_loads,
+			   (unsigned long long)m->slot_loads, (unsigned long long)m->remaps,
+			   m->remap_ns / 1e6,
 			   state_name(m, 0), (unsigned long long)m->lay->units[0].bytes,
 			   (unsigned long long)m->us[0].loads, (unsigned long long)m->us[0].faults);
 			for (unsigned u = 1; u <= m->lay->n_layers; u++)

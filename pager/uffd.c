@@ -200,6 +200,7 @@ static void flush_remaps(struct client *c)
 			return;
 		}
 		w->sent = true;
+		w->sent_ns = pager_now_ns();
 		c->remaps_sent++;
 	}
 }
@@ -323,6 +324,8 @@ void pager_on_remapped(struct client *c, uint32_t seq)
 	if (!c->remaps)
 		c->remaps_tail = &c->remaps;
 	c->remaps_sent--;
+	m->remaps++;
+	m->remap_ns += pager_now_ns() - w->sent_ns;
 	flush_remaps(c);
 	u = w->u;
 	if (!w->to_slot) {

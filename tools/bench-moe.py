@@ -114,6 +114,9 @@ def run_strata(model, cg, daemon_args=(), build=None):
     la0, la1 = (x.get("lookahead", dict.fromkeys(keys, 0)) for x in (x0, x1))  # older daemons
     la = {k: la1[k] - la0[k] for k in keys}
     wait = (after["models"][0]["fault_wait_ms"] - before["models"][0]["fault_wait_ms"]) / passes
+    m0, m1 = before["models"][0], after["models"][0]
+    remaps = m1.get("remaps", 0) - m0.get("remaps", 0)  # older daemons: none
+    remap_ms = m1.get("remap_ms", 0) - m0.get("remap_ms", 0)
     return {"daemon_compute": after["models"][0]["speed"]["compute_ms"] / 1e3, "wait": wait,
             "acc": la["predicted"] / la["routed"] if la["routed"] else 0,
             "ahead_tok": la["read_ahead"] / passes, "ahead_used": la["read_ahead_used"] /
@@ -122,6 +125,7 @@ def run_strata(model, cg, daemon_args=(), build=None):
             "gbps": (io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy > 0 else 0,
             "mib_tok": per_tok / 2**20, "compute": compute, "probed": probed / 1e9,
             "bound": 1 / max(compute, per_tok / probed), "cap": x1["capacity_bytes"] >> 20,
+            "remaps_tok": remaps / passes, "remap_us": remap_ms * 1e3 / remaps if remaps else 0,
             "held": x1["held_bytes"] >> 20, "budget": after["budget_bytes"] >> 20,
             "io": f"{after['io']['chunk_bytes'] >> 10} KiB x {after['io']['depth']}"}
 
@@ -160,7 +164,8 @@ for rep in range(a.reps):
                    f"{r['ahead_tok']:.1f} read ahead a token ({r['ahead_used']:.2f} used), "
                    f"{r['inflight_tok']:.1f} routed in flight a token, faults waited "
                    f"{r['wait']:.1f} ms a token (summed over threads), the daemon's compute "
-                   f"{r['daemon_compute'] * 1e3:.0f} ms"
+                   f"{r['daemon_compute'] * 1e3:.0f} ms, {r['remaps_tok']:.1f} REMAPs a token "
+                   f"answered in {r['remap_us']:.0f} us"
                    if who.startswith("strata") else "") +
                   f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
                   (f" FAILED {r['failed']}" if "failed" in r else ""), file=sys.stderr)
