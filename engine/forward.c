@@ -782,8 +782,13 @@ static bool routers(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	return true;
 }
 
-/* The guess from routers(): top-k of each row of the next layer's router
- * (as route() picks), the union over rows, ascending, to the hook. */
+/* The guess from routers(): the first half of each row's top-k of the next
+ * layer's router (as route() picks them, the likeliest first), the union
+ * over rows, ascending, to the hook.  Only half: a guess that is wrong
+ * costs a read the device is short of and evicts an expert that was
+ * right, and the guesses of lower rank are wrong most often where it
+ * counts, among the experts not in memory (docs/benchmarks.md, "Half the
+ * guesses"). */
 static void lookahead(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
@@ -792,7 +797,7 @@ static void lookahead(struct eng_ctx *c, uint32_t l, uint32_t nb)
 	memset(c->moe_mark, 0, N);
 	for (uint32_t b = 0; b < nb; b++) {
 		route(c->moe_y + (size_t)b * N, N, K, c->moe_rows, c->moe_in);
-		for (uint32_t j = 0; j < K; j++)
+		for (uint32_t j = 0; j < (K + 1) / 2; j++)
 			c->moe_mark[c->moe_rows[j]] = 1;
 	}
 	for (uint32_t e = 0; e < N; e++)
