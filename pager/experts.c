@@ -23,7 +23,8 @@
  *
  * The lookahead: while a layer computes, the engine may send HINT, the
  * experts the next layer will likely route to (its router applied to this
- * layer's hidden state).  Those not in memory are read then, as far as the
+ * layer's hidden state).  Those not in memory are read once the experts the
+ * client routed to are (they come first on the device), as far as the
  * cache makes room for them without going past its capacity (a hint never
  * forces a load), and the hinted experts are pinned until the client's next
  * ROUTE, which then finds them in memory or in flight.  A hint is no use:
@@ -456,8 +457,38 @@ void pager_experts_demand(struct model *m, unsigned u)
 		m->ex.demand_waits = true;
 }
 
+/* Read client c's hinted experts that are not in memory, in the hint's
+ * order (the engine names them ascending): a room that runs out stops the
+ * reads ahead, the rest wait for the ROUTE.  Only once none of the experts
+ * it routed to is still being read: the engine waits for those now, and a
+ * read ahead would share the device with them (pager_experts_advance
+ * comes back here when a load ends). */
+static void read_ahead(struct client *c)
+{
+	struct model *m = c->m;
+
+	if (m->p->cfg.no_lookahead || !c->n_hint)
+		return;
+	for (uint32_t i = 0; i < c->n_route; i++)
+		if (m->us[c->route[i]].state == U_LOADING)
+			return;
+	for (uint32_t i = 0; i < c->n_hint; i++) {
+		unsigned u = c->hint[i];
+
+		if (m->us[u].state != U_ABSENT)
+			continue;
+		int slot = place(m, u, 0);
+
+		if (slot == NO_ROOM || pager_load_at(m, u, slot))
+			break;
+		m->ex.ahead_loads++;
+		m->ex.ahead[index_of(m, u)] = 1;
+	}
+}
+
 /* Load the experts the clients routed to, and those faults wait for, that
- * are not in memory; then, if the plan shrank, evict down to the capacity. */
+ * are not in memory, then those they hinted at; then, if the plan shrank,
+ * evict down to the capacity. */
 void pager_experts_advance(struct model *m)
 {
 	const struct pager_layout *l = m->lay;
@@ -481,6 +512,9 @@ void pager_experts_advance(struct model *m)
 				return;
 		m->ex.demand_waits = waiting > before;
 	}
+	for (struct client *c = m->p->clients; c; c = c->next)
+		if (c->m == m && !c->dead)
+			read_ahead(c);
 	trim(m);
 }
 
@@ -498,20 +532,5 @@ void pager_experts_hint(struct client *c, uint32_t layer, const uint8_t *experts
 	for (uint32_t i = 0; i < n; i++)
 		m->ex.pins[index_of(m, c->hint[i])]++;
 	m->ex.hinted += n;
-	if (m->p->cfg.no_lookahead)
-		return;
-	/* in the hint's order (the engine names them ascending): a room that
-	 * runs out stops the reads ahead, the rest wait for the ROUTE */
-	for (uint32_t i = 0; i < n; i++) {
-		unsigned u = c->hint[i];
-
-		if (m->us[u].state != U_ABSENT)
-			continue;
-		int slot = place(m, u, 0);
-
-		if (slot == NO_ROOM || pager_load_at(m, u, slot))
-			break;
-		m->ex.ahead_loads++;
-		m->ex.ahead[index_of(m, u)] = 1;
-	}
+	read_ahead(c);
 }
