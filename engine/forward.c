@@ -787,8 +787,8 @@ static bool routers(struct eng_ctx *c, uint32_t l, uint32_t nb)
  * over rows, ascending, to the hook.  Only half: a guess that is wrong
  * costs a read the device is short of and evicts an expert that was
  * right, and the guesses of lower rank are wrong most often where it
- * counts, among the experts not in memory (docs/benchmarks.md, "Half the
- * guesses"). */
+ * counts, among the experts not in memory (docs/benchmarks.md, "Where the
+ * fault waits come from, and half the guesses"). */
 static void lookahead(struct eng_ctx *c, uint32_t l, uint32_t nb)
 {
 	const struct eng_hparams *hp = &c->m->hp;
