@@ -148,6 +148,12 @@ def size(s):
     return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s)
 
 
+def context(tokens):
+    """The context `strata bench` needs to decode TOKENS after its warm-up
+    token: 64, or more for a longer run."""
+    return max(64, tokens + 1)
+
+
 def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, build=None):
     """stratad DAEMON_ARGS MODEL on a socket of its own and, once loaded(status)
     holds, `strata bench --pager -p 0 -n TOKENS` (one warm-up token first),
@@ -169,7 +175,7 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
         time.sleep(0.05)  # polling a condition with a deadline
     before = status(sock, build)
     r = subprocess.run([strata, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
-                        str(tokens), "-c", "64", "-b", "32", "-t", str(threads), "--no-hw",
+                        str(tokens), "-c", str(context(tokens)), "-b", "32", "-t", str(threads), "--no-hw",
                         "--json"], capture_output=True, text=True, preexec_fn=preexec_fn)
     after = status(sock, build)
     d.send_signal(signal.SIGTERM)
