@@ -56,8 +56,8 @@ peak cgroup usage, failcnt and OOM kills.  Needs root (cgroup, drop_caches).
 """
 import argparse, json, os, statistics, subprocess, sys
 
-from benchlib import STRATA, Cgroup, bench_lock, bench_paged, context, drop_caches, llama_bench, \
-    llama_spec, size
+from benchlib import STRATA, Cgroup, bench_lock, bench_paged, context, drop_caches, \
+    llama_bench, llama_spec, size
 
 
 ap = argparse.ArgumentParser()
@@ -82,8 +82,8 @@ def resident_compute(model):
     with bench_lock():
         for _ in range(3):  # the first warms the page cache
             r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens),
-                                "-c", str(context(a.tokens)), "-b", "32", "-t", str(a.threads), "--no-hw",
-                                "--json"], capture_output=True, text=True, check=True)
+                                "-c", str(context(a.tokens)), "-b", "32", "-t", str(a.threads),
+                                "--no-hw", "--json"], capture_output=True, text=True, check=True)
             tps.append(json.loads(r.stdout)["decode_tps"])
     return 1 / max(tps[1:])
 
