@@ -175,8 +175,9 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
         time.sleep(0.05)  # polling a condition with a deadline
     before = status(sock, build)
     r = subprocess.run([strata, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
-                        str(tokens), "-c", str(context(tokens)), "-b", "32", "-t", str(threads), "--no-hw",
-                        "--json"], capture_output=True, text=True, preexec_fn=preexec_fn)
+                        str(tokens), "-c", str(context(tokens)), "-b", "32", "-t", str(threads),
+                        "--no-hw", "--json"], capture_output=True, text=True,
+                       preexec_fn=preexec_fn)
     after = status(sock, build)
     d.send_signal(signal.SIGTERM)
     d.wait(30)
