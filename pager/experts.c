@@ -324,17 +324,25 @@ static bool may_go(void *arg, unsigned i)
 
 /* ---- room for a load -------------------------------------------------- */
 
+/* Evict the least valued expert that may go; false if none may (everything
+ * left is wanted). */
+static bool evict_least(struct model *m)
+{
+	long v = expert_cache_victim(&m->ex.cache, may_go, m);
+
+	if (v < 0)
+		return false;
+	pager_evict(m, m->lay->n_layers + 1 + (unsigned)v);
+	return true;
+}
+
 /* Evict the least valued experts until `need` more bytes fit the capacity;
- * false if they do not (everything left is wanted).  Experts in the memfd. */
+ * false if they do not.  Experts in the memfd. */
 static bool make_room(struct model *m, uint64_t need)
 {
-	while (m->ex.held + need > m->ex.capacity) {
-		long v = expert_cache_victim(&m->ex.cache, may_go, m);
-
-		if (v < 0)
+	while (m->ex.held + need > m->ex.capacity)
+		if (!evict_least(m))
 			return false;
-		pager_evict(m, m->lay->n_layers + 1 + (unsigned)v);
-	}
 	return true;
 }
 
@@ -367,12 +375,9 @@ static unsigned spares(const struct model *m)
 static void vacate(struct model *m, unsigned want)
 {
 	while (m->slots_free + m->slots_vacating < want && !pager_slot_new_fits(m)) {
-		long v = expert_cache_victim(&m->ex.cache, may_go, m);
-
-		if (v < 0)
+		if (!evict_least(m))
 			return;
 		m->ex.full = true;
-		pager_evict(m, m->lay->n_layers + 1 + (unsigned)v);
 	}
 }
 
@@ -408,15 +413,13 @@ static void trim(struct model *m)
 	}
 	while (m->ex.held > m->ex.capacity) {
 		uint64_t over = (m->ex.held - m->ex.capacity + m->slot_size - 1) / m->slot_size;
-		long v;
 
 		if (pager_slot_drop(m))
 			continue;
 		if (m->slots_vacating >= over)
 			return; /* dropped once vacated: the next step comes then */
-		if ((v = expert_cache_victim(&m->ex.cache, may_go, m)) < 0)
+		if (!evict_least(m))
 			return;
-		pager_evict(m, m->lay->n_layers + 1 + (unsigned)v);
 	}
 	if (m->ex.full)
 		vacate(m, spares(m));
