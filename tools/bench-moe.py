@@ -102,22 +102,22 @@ def run_strata(model, cg, daemon_args=(), build=None):
 
     j, before, after = bench_paged(model, list(daemon_args), loaded, a.tokens, a.threads,
                                    cg.enter, build)
-    x0, x1 = before["models"][0]["experts"], after["models"][0]["experts"]
+    m0, m1 = before["models"][0], after["models"][0]
+    x0, x1 = m0["experts"], m1["experts"]
     routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
     passes = x1["passes"] - x0["passes"]
     per_tok = (x1["bytes_read"] - x0["bytes_read"]) / passes
     probed = after["io"]["probed_gbps"] * 1e9
-    compute = compute_s or after["models"][0]["speed"]["compute_ms"] / 1e3
+    compute = compute_s or m1["speed"]["compute_ms"] / 1e3
     io0, io1 = before["io"], after["io"]
     busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
     keys = ("routed", "predicted", "read_ahead", "read_ahead_used", "routed_in_flight")
     la0, la1 = (x.get("lookahead", dict.fromkeys(keys, 0)) for x in (x0, x1))  # older daemons
     la = {k: la1[k] - la0[k] for k in keys}
-    wait = (after["models"][0]["fault_wait_ms"] - before["models"][0]["fault_wait_ms"]) / passes
-    m0, m1 = before["models"][0], after["models"][0]
+    wait = (m1["fault_wait_ms"] - m0["fault_wait_ms"]) / passes
     remaps = m1.get("remaps", 0) - m0.get("remaps", 0)  # older daemons: none
     remap_ms = m1.get("remap_ms", 0) - m0.get("remap_ms", 0)
-    return {"daemon_compute": after["models"][0]["speed"]["compute_ms"] / 1e3, "wait": wait,
+    return {"daemon_compute": m1["speed"]["compute_ms"] / 1e3, "wait": wait,
             "acc": la["predicted"] / la["routed"] if la["routed"] else 0,
             "ahead_tok": la["read_ahead"] / passes, "ahead_used": la["read_ahead_used"] /
             la["read_ahead"] if la["read_ahead"] else 0, "inflight_tok":
