@@ -23,7 +23,10 @@ repetition, interleaved (each model: strata, then each llama-bench):
             1 / max(compute, missed expert bytes a token / probed bandwidth).
             Also the lookahead's accuracy (of the experts routed to, the
             share the engine's hint for that layer had named) and the
-            experts read ahead on hints a token.
+            experts read ahead on hints a token.  And the CPU time each
+            process took a pass while the engine ran (user and system, all
+            threads, the daemon's io_uring workers too; the engine's
+            includes its start and warm-up token).
   strata no-lookahead  with --no-lookahead-too, the same with
             `stratad --no-lookahead` (the engine still hints, the daemon
             reads nothing on a hint): the lookahead's worth, interleaved.
@@ -100,8 +103,8 @@ def run_strata(model, cg, daemon_args=(), build=None):
         return m["other"]["state"] == "resident" and \
             all(l["state"] == "resident" for l in m["layers"])
 
-    j, before, after = bench_paged(model, list(daemon_args), loaded, a.tokens, a.threads,
-                                   cg.enter, build)
+    j, before, after, cpu = bench_paged(model, list(daemon_args), loaded, a.tokens,
+                                        a.threads, cg.enter, build)
     m0, m1 = before["models"][0], after["models"][0]
     x0, x1 = m0["experts"], m1["experts"]
     routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
@@ -126,6 +129,7 @@ def run_strata(model, cg, daemon_args=(), build=None):
             "mib_tok": per_tok / 2**20, "compute": compute, "probed": probed / 1e9,
             "bound": 1 / max(compute, per_tok / probed), "cap": x1["capacity_bytes"] >> 20,
             "remaps_tok": remaps / passes, "remap_us": remap_ms * 1e3 / remaps if remaps else 0,
+            "cpu_engine": cpu["engine"] / passes, "cpu_daemon": cpu["daemon"] / passes,
             "held": x1["held_bytes"] >> 20, "budget": after["budget_bytes"] >> 20,
             "io": f"{after['io']['chunk_bytes'] >> 10} KiB x {after['io']['depth']}"}
 
@@ -165,7 +169,8 @@ for rep in range(a.reps):
                    f"{r['inflight_tok']:.1f} routed in flight a token, faults waited "
                    f"{r['wait']:.1f} ms a token (summed over threads), the daemon's compute "
                    f"{r['daemon_compute'] * 1e3:.0f} ms, {r['remaps_tok']:.1f} REMAPs a token "
-                   f"answered in {r['remap_us']:.0f} us"
+                   f"answered in {r['remap_us']:.0f} us, CPU a token: engine "
+                   f"{r['cpu_engine'] * 1e3:.0f} ms, daemon {r['cpu_daemon'] * 1e3:.1f} ms"
                    if who.startswith("strata") else "") +
                   f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
                   (f" FAILED {r['failed']}" if "failed" in r else ""), file=sys.stderr)
@@ -215,8 +220,8 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
     print("\n| model | strata | tok/s (runs) | expert hit rate | expert MiB read / token | "
           "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
           "token | fault wait ms / token | the engine's compute under the pager, ms / token | "
-          "strata / bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "CPU ms / token, engine + daemon | strata / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for m in a.model:
         for who in (w for w, _ in engines if w.startswith("strata")):
             s = res[m][who]
@@ -227,4 +232,5 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
                   f"{med(s, 'wait'):.1f} ({runs(s, 'wait', '{:.0f}')}) | "
                   f"{med(s, 'daemon_compute') * 1e3:.0f} "
                   f"({runs(s, 'daemon_compute', '{:.3f}')}) | "
+                  f"{med(s, 'cpu_engine') * 1e3:.0f} + {med(s, 'cpu_daemon') * 1e3:.1f} | "
                   f"{med(s, 'tps') / med(s, 'bound'):.2f} |")

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -159,7 +160,8 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
     holds, `strata bench --pager -p 0 -n TOKENS` (one warm-up token first),
     both with preexec_fn (e.g. entering a cgroup), the programs of BUILD (a
     build directory) if given.  Returns strata bench's JSON and the daemon's
-    status before and after it."""
+    status before and after it, and the CPU seconds (user and system, every
+    thread) each process spent while the engine ran: {"engine": s, "daemon": s}."""
     sock = f"/tmp/strata-bench-{os.getpid()}.sock"
     stratad = os.path.join(build, "daemon", "stratad") if build else STRATAD
     strata = os.path.join(build, "strata") if build else STRATA
@@ -174,16 +176,28 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
             sys.exit("stratad exited: " + d.stderr.read())
         time.sleep(0.05)  # polling a condition with a deadline
     before = status(sock, build)
+    d_cpu, e_cpu = cpu_seconds(d.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run([strata, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
                         str(tokens), "-c", str(context(tokens)), "-b", "32", "-t", str(threads),
                         "--no-hw", "--json"], capture_output=True, text=True,
                        preexec_fn=preexec_fn)
     after = status(sock, build)
+    e = resource.getrusage(resource.RUSAGE_CHILDREN)  # strata bench, waited for
+    cpu = {"daemon": cpu_seconds(d.pid) - d_cpu,
+           "engine": e.ru_utime + e.ru_stime - e_cpu.ru_utime - e_cpu.ru_stime}
     d.send_signal(signal.SIGTERM)
     d.wait(30)
     if r.returncode:
         sys.exit("strata bench failed: " + r.stderr)
-    return json.loads(r.stdout), before, after
+    return json.loads(r.stdout), before, after, cpu
+
+
+def cpu_seconds(pid):
+    """User and system CPU seconds of a running process, all its threads
+    (io_uring's workers too)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Cgroup:
