@@ -44,13 +44,16 @@ The compute a token in the bound is, with --compute-model C.gguf (the same
 shape with fewer experts, e.g. strata-mkmodel --shape qwen3moe-30b-a3b
 --experts 16: a token's work is the same, and the file fits in memory),
 C's decode time with every weight in memory (plain mmap, outside the
-cgroup, the page cache warmed by a first run; the best of two), measured
-before the repetitions.  Without it, the daemon's measure (wall time less
-the time any of the engine's faults waited: a median of its reports, which
-include the engine's first tokens), printed per run either way.
+cgroup, the file read into the page cache first; the best of two runs),
+measured again at the start of every repetition: the host's memory speed
+drifts over minutes, so each run is held against the bound of its own
+repetition, and "strata / bound" is the median of those per-run
+fractions.  Without it, the daemon's measure (wall time less the time any
+of the engine's faults waited: a median of its reports, which include the
+engine's first tokens), printed per run either way.
 
 The page cache is dropped before every run.  Each run (and the compute
-model's three) holds the machine's benchmark lock, /tmp/strata-bench.lock,
+model's two) holds the machine's benchmark lock, /tmp/strata-bench.lock,
 from the drop to its end, and lets it go between runs, so that other
 sessions measure in between: run the script itself WITHOUT an outer
 `flock /tmp/strata-bench.lock` (it would wait for itself; it exits saying
@@ -80,21 +83,21 @@ limit = size(a.limit)
 
 def resident_compute(model):
     """Seconds a token with every weight of model in memory (one measurement:
-    the three runs under one hold of the lock)."""
+    the file read and two runs under one hold of the lock)."""
     tps = []
     with bench_lock():
-        for _ in range(3):  # the first warms the page cache
+        with open(model, "rb") as f:
+            while f.read(16 << 20):
+                pass
+        for _ in range(2):
             r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens),
                                 "-c", str(context(a.tokens)), "-b", "32", "-t", str(a.threads),
                                 "--no-hw", "--json"], capture_output=True, text=True, check=True)
             tps.append(json.loads(r.stdout)["decode_tps"])
-    return 1 / max(tps[1:])
+    return 1 / max(tps)
 
 
-compute_s = resident_compute(a.compute_model) if a.compute_model else 0
-if compute_s:
-    print(f"compute: {compute_s * 1e3:.0f} ms a token, {a.compute_model} resident",
-          file=sys.stderr)
+compute_s = 0  # this repetition's, with --compute-model
 
 
 def run_strata(model, cg, daemon_args=(), build=None):
@@ -127,7 +130,8 @@ def run_strata(model, cg, daemon_args=(), build=None):
             la["routed_in_flight"] / passes,"tps": j["decode_tps"], "hit": (x1["hits"] - x0["hits"]) / routed,
             "gbps": (io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy > 0 else 0,
             "mib_tok": per_tok / 2**20, "compute": compute, "probed": probed / 1e9,
-            "bound": 1 / max(compute, per_tok / probed), "cap": x1["capacity_bytes"] >> 20,
+            "bound": 1 / max(compute, per_tok / probed),
+            "frac": j["decode_tps"] * max(compute, per_tok / probed), "cap": x1["capacity_bytes"] >> 20,
             "remaps_tok": remaps / passes, "remap_us": remap_ms * 1e3 / remaps if remaps else 0,
             "cpu_engine": cpu["engine"] / passes, "cpu_daemon": cpu["daemon"] / passes,
             "held": x1["held_bytes"] >> 20, "budget": after["budget_bytes"] >> 20,
@@ -148,6 +152,10 @@ engines = [("strata", run_strata)] + ([("strata no-lookahead", lambda m, cg: run
     ("llama.cpp " + n, run_llama(p, lib)) for n, p, lib in map(llama_spec, a.llama)]
 res = {m: {who: [] for who, _ in engines} for m in a.model}
 for rep in range(a.reps):
+    if a.compute_model:
+        compute_s = resident_compute(a.compute_model)
+        print(f"rep {rep + 1} compute: {compute_s * 1e3:.0f} ms a token, "
+              f"{a.compute_model} resident", file=sys.stderr)
     for m in a.model:
         for who, fn in engines:
             with bench_lock():
@@ -164,7 +172,7 @@ for rep in range(a.reps):
             print(f"rep {rep + 1} {os.path.basename(m)} {who}: {r['tps']:.3f} tok/s" +
                   (f", hit rate {r['hit']:.3f}, {r['mib_tok']:.1f} MiB/token, compute "
                    f"{r['compute'] * 1e3:.0f} ms, reads {r['gbps']:.2f} GB/s, "
-                   f"bound {r['bound']:.2f}, lookahead accuracy {r['acc']:.3f}, "
+                   f"bound {r['bound']:.2f} ({r['frac']:.2f}), lookahead accuracy {r['acc']:.3f}, "
                    f"{r['ahead_tok']:.1f} read ahead a token ({r['ahead_used']:.2f} used), "
                    f"{r['inflight_tok']:.1f} routed in flight a token, faults waited "
                    f"{r['wait']:.1f} ms a token (summed over threads), the daemon's compute "
@@ -207,7 +215,7 @@ for m in a.model:
         [f"{v:.2f} ({runs(res[m][w])})" for v, w in zip(ml, llamas)] + \
         ([f"{ms / max(ml):.2f}" if max(ml) else "0.00"] if llamas else []) + \
         [f"{med(s, 'hit'):.3f}", f"{med(s, 'mib_tok'):.0f}", f"{med(s, 'compute') * 1e3:.0f}",
-         f"{med(s, 'gbps'):.2f}", f"{med(s, 'bound'):.2f}", f"{ms / med(s, 'bound'):.2f}", peak,
+         f"{med(s, 'gbps'):.2f}", f"{med(s, 'bound'):.2f}", f"{med(s, 'frac'):.2f}", peak,
          str(sum(x["oom"] for w in res[m] for x in res[m][w]))]
     print("| " + " | ".join(row) + " |")
 s0 = res[a.model[0]]["strata"][0]
@@ -233,4 +241,4 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
                   f"{med(s, 'daemon_compute') * 1e3:.0f} "
                   f"({runs(s, 'daemon_compute', '{:.3f}')}) | "
                   f"{med(s, 'cpu_engine') * 1e3:.0f} + {med(s, 'cpu_daemon') * 1e3:.1f} | "
-                  f"{med(s, 'tps') / med(s, 'bound'):.2f} |")
+                  f"{med(s, 'frac'):.2f} ({runs(s, 'frac')}) |")
