@@ -37,6 +37,10 @@
               reads ahead and without (--no-lookahead), the expert cache in
               the status; a HINT reads its experts before any fault; hostile
               ROUTEs and HINTs dropped
+  experts-shed  SIGUSR1 while an engine streams a mixture of experts whose
+              cache is full, in slots: the cache shrinks to one layer's
+              experts (evicted, slots punched), the engine runs on, results
+              stay bit-identical; SIGUSR2 restores the capacity
   shed        SIGUSR1 (the memory-pressure path) demotes resident layers while
               an engine runs; they are evicted, results stay bit-identical;
               SIGUSR2 restores them
@@ -1481,6 +1485,66 @@ def case_experts():
           f"{st['bytes_read']} bytes read, {ex}" + r.stderr)
 
 
+def case_experts_shed():
+    """The expert cache shrinks under a running engine: SIGUSR1 (the
+    memory-pressure path) while an engine streams a mixture of experts whose
+    cache is full, its experts in slots.  The capacity falls to one layer's
+    experts; what it held beyond is evicted, the slots' pages punched (the
+    running engine's ranges moved back by REMAPs first); the engine keeps
+    running and another one's logits through the shrunk cache are
+    bit-identical to mmap; SIGUSR2 gives the room back."""
+    m = "tiny-qwen3moe-q4_k_m.gguf"
+    if m not in MODEL_DIR:
+        return
+    p = path_of(m)
+    toks = tokens_of(m)
+    plain = os.path.join(TMP, "experts-shed.plain")
+    run_eval(p, toks, plain)
+    # the experts of the layer in use and one more layer's: the cache fills
+    # and evicts, and SIGUSR1 sheds that layer's worth
+    d = Daemon([p], "--resident", "1")
+    per_layer = d.model(m)["experts"]["bytes"] // len(d.model(m)["experts"]["resident"])
+    e = start_engine(p, d.sock, extra=("--context-shift",))
+    first_output(e)
+    # two thirds of the cache in slots, so that shrinking it to about half
+    # must punch slots, not only experts in the memfd
+    full = wait_for(lambda: (lambda x: x if x["slot_bytes"] > 2 * x["experts"]["capacity_bytes"]
+                             // 3 else None)(d.model(m)), 120, "the expert cache full, in slots")
+    d.p.send_signal(signal.SIGUSR1)
+
+    def shrunk(x):
+        ex = x["experts"]
+        return x if ex["capacity_bytes"] < full["experts"]["capacity_bytes"] and \
+            ex["held_bytes"] <= ex["capacity_bytes"] and \
+            x["slot_bytes"] <= ex["capacity_bytes"] else None
+    small = wait_for(lambda: shrunk(d.model(m)), 30, "the expert cache within its new capacity")
+    out = os.path.join(TMP, "experts-shed.paged")
+    r = run_eval(p, toks, out, d.sock, ("-b", "1"))
+    running = e.poll() is None
+    d.p.send_signal(signal.SIGUSR2)
+    back = wait_for(lambda: (lambda x: x if x["experts"]["capacity_bytes"] ==
+                             full["experts"]["capacity_bytes"] else None)(d.model(m)),
+                    30, "the capacity restored")
+    e.kill()
+    e.wait()
+    alive = d.p.poll() is None
+    d.stop()
+    f, s = full["experts"], small["experts"]
+    check("experts-shed: SIGUSR1 shrinks a full expert cache to one layer's experts, and "
+          "what it held beyond is evicted, slots and all",
+          per_layer <= s["capacity_bytes"] < min(2 * per_layer, f["capacity_bytes"]) and
+          s["evictions"] > f["evictions"] and
+          small["slot_bytes"] < full["slot_bytes"],
+          f"{per_layer} a layer; before {full['slot_bytes']} in slots, {f}; "
+          f"after {small['slot_bytes']} in slots, {s}")
+    check("experts-shed: the running engine keeps running", running)
+    check("experts-shed: another engine through the shrunk cache is bit-identical to mmap",
+          r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read(),
+          r.stderr.strip())
+    check("experts-shed: SIGUSR2 restores the capacity and the daemon lives on",
+          alive and back["experts"]["capacity_bytes"] == f["capacity_bytes"])
+
+
 def case_hostile():
     model = os.path.join(FIX, "models", "stories260K.gguf")
     d = Daemon([model], "--resident", "0")
@@ -1618,7 +1682,7 @@ CASES = {"identical": case_identical, "share": case_share,
          "spec": case_spec, "read-error": case_read_error, "short-read": case_short_read,
          "early-eof": case_early_eof, "changed": case_changed, "restart": case_restart,
          "kill-streaming": case_kill_streaming, "hostile": case_hostile,
-         "experts": case_experts,
+         "experts": case_experts, "experts-shed": case_experts_shed,
          "peercred": case_peercred}
 
 # the fault-injection cases: their own meson test (pager-faults), run in
