@@ -127,19 +127,13 @@ void pager_experts_destroy(struct model *m)
 	expert_cache_free(&m->ex.cache);
 }
 
-/* Expert index (over all layers) of unit u, an expert unit. */
-static unsigned index_of(const struct model *m, unsigned u)
-{
-	return u - m->lay->n_layers - 1;
-}
-
 /* Client c's experts (its last ROUTE) are no longer pinned by it. */
 static void unpin(struct client *c)
 {
 	struct model *m = c->m;
 
 	for (uint32_t i = 0; i < c->n_route; i++)
-		m->ex.pins[index_of(m, c->route[i])]--;
+		m->ex.pins[pager_expert_index(m->lay, c->route[i])]--;
 	c->n_route = 0;
 }
 
@@ -149,7 +143,7 @@ static void unpin_hint(struct client *c)
 	struct model *m = c->m;
 
 	for (uint32_t i = 0; i < c->n_hint; i++)
-		m->ex.pins[index_of(m, c->hint[i])]--;
+		m->ex.pins[pager_expert_index(m->lay, c->hint[i])]--;
 	c->n_hint = 0;
 	c->hint_layer = -1;
 }
@@ -240,7 +234,7 @@ void pager_experts_route(struct client *c, uint32_t layer, const uint8_t *expert
 	c->route_layer = (int)layer;
 	c->n_route = n;
 	for (uint32_t i = 0; i < n; i++) {
-		unsigned u = c->route[i], x = index_of(m, u);
+		unsigned u = c->route[i], x = pager_expert_index(m->lay, u);
 
 		m->ex.pins[x]++;
 		expert_cache_use(&m->ex.cache, x);
@@ -290,7 +284,7 @@ void pager_experts_fault(struct client *c, unsigned u)
 
 	if (c->routes)
 		return;
-	expert_cache_use(&m->ex.cache, index_of(m, u));
+	expert_cache_use(&m->ex.cache, pager_expert_index(m->lay, u));
 	if (m->us[u].state == U_LOADED)
 		m->ex.hits++;
 	else
@@ -310,14 +304,14 @@ void pager_experts_fuse_read(struct model *m, unsigned u)
 	}
 	m->ex.fuse_layer = layer;
 	m->ex.fuse_misses++;
-	expert_cache_use(&m->ex.cache, index_of(m, u));
+	expert_cache_use(&m->ex.cache, pager_expert_index(m->lay, u));
 }
 
 /* May expert i (an index over all layers) leave now? */
 static bool may_go(void *arg, unsigned i)
 {
 	struct model *m = arg;
-	unsigned u = m->lay->n_layers + 1 + i;
+	unsigned u = pager_expert_at(m->lay, i);
 
 	return m->us[u].state == U_LOADED && !m->ex.pins[i] && !m->waiters[u];
 }
@@ -332,7 +326,7 @@ static bool evict_least(struct model *m)
 
 	if (v < 0)
 		return false;
-	pager_evict(m, m->lay->n_layers + 1 + (unsigned)v);
+	pager_evict(m, pager_expert_at(m->lay, (unsigned)v));
 	return true;
 }
 
@@ -485,7 +479,7 @@ static void read_ahead(struct client *c)
 		if (slot == NO_ROOM || pager_load_at(m, u, slot))
 			break;
 		m->ex.ahead_loads++;
-		m->ex.ahead[index_of(m, u)] = 1;
+		m->ex.ahead[pager_expert_index(m->lay, u)] = 1;
 	}
 }
 
@@ -533,7 +527,7 @@ void pager_experts_hint(struct client *c, uint32_t layer, const uint8_t *experts
 	c->hint_layer = (int)layer;
 	c->n_hint = n;
 	for (uint32_t i = 0; i < n; i++)
-		m->ex.pins[index_of(m, c->hint[i])]++;
+		m->ex.pins[pager_expert_index(m->lay, c->hint[i])]++;
 	m->ex.hinted += n;
 	read_ahead(c);
 }

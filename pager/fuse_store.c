@@ -446,7 +446,7 @@ static void drop(struct model *m, unsigned u)
 static bool expert_may_go(void *arg, unsigned i)
 {
 	const struct model *m = arg;
-	unsigned u = m->lay->n_layers + 1 + i;
+	unsigned u = pager_expert_at(m->lay, i);
 
 	return m->us[u].pc != PC_NONE && m->us[u].pc_job == PC_IDLE &&
 	       !pager_fuse_waits_for(m, u);
@@ -477,8 +477,10 @@ static void drop_experts(struct model *m)
 
 		if (v < 0)
 			return;
-		drop(m, l->n_layers + 1 + (unsigned)v);
-		held -= l->units[l->n_layers + 1 + v].bytes;
+		unsigned u = pager_expert_at(l, (unsigned)v);
+
+		drop(m, u);
+		held -= l->units[u].bytes;
 	}
 }
 

@@ -67,10 +67,20 @@ bool pager_unit_has_page(const struct pager_unit *u, uint64_t off);
 /* Does a unit other than u hold the page at off (a boundary page)? */
 bool pager_layout_page_shared(const struct pager_layout *l, unsigned u, uint64_t off);
 
+/* Expert units numbered over all layers (layer * n_experts + e), the
+ * expert cache's index, and back. */
+static inline unsigned pager_expert_index(const struct pager_layout *l, unsigned u)
+{
+	return u - l->n_layers - 1;
+}
+static inline unsigned pager_expert_at(const struct pager_layout *l, unsigned i)
+{
+	return l->n_layers + 1 + i;
+}
 /* The unit of expert e of layer l (the layout has n_experts > 0). */
 static inline unsigned pager_expert_unit(const struct pager_layout *l, unsigned layer, unsigned e)
 {
-	return l->n_layers + 1 + layer * l->n_experts + e;
+	return pager_expert_at(l, layer * l->n_experts + e);
 }
 static inline bool pager_is_expert(const struct pager_layout *l, unsigned u)
 {
