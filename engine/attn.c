@@ -172,6 +172,7 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 	enum eng_kv_type tk = c->type_k, tv = c->type_v;
 	uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
 	float *att = c->att + (size_t)ith * c->n_ctx;
+	eng_fp16_t *att16 = c->att16 + (size_t)ith * c->n_ctx;
 	float *vrow = c->vrow + (size_t)ith * hd;
 	double *vacc = c->vacc + (size_t)ith * hd;
 	uint8_t *qbuf = c->qbuf + (size_t)ith * c->qbuf_stride;
@@ -237,8 +238,14 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 		float inv = (float)(1.0 / sum);
 
 		for (uint32_t i = 0; i < n_keys; i++)
-			att[i] = tv == ENG_KV_F16 ? eng_fp16_to_fp32(eng_fp32_to_fp16(att[i] * inv))
-						  : att[i] * inv;
+			att[i] *= inv;
+		/* f16 values take weights rounded to f16, as the reference's
+		 * f16 product does: through the kernel set's conversions (F16C
+		 * where the CPU has it, the same bits as eng_fp32_to_fp16) */
+		if (tv == ENG_KV_F16) {
+			c->k->from_float[ENG_TYPE_F16](att, att16, n_keys);
+			c->k->to_float[ENG_TYPE_F16](att16, att, n_keys);
+		}
 		memset(vacc, 0, hd * sizeof(double));
 		n_keys = 0;
 		for (t = t0; (len = kv_run(kl, &t, pos + 1, &slot)); n_keys += len) {

@@ -195,6 +195,7 @@ static void ctx_alloc(struct eng_ctx *c)
 		c->moe_y = xcalloc(c, nk * hp->n_embd, sizeof(float));
 	}
 	c->att = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(float));
+	c->att16 = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(eng_fp16_t));
 	c->vrow = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(float));
 	c->vacc = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(double));
 	/* the query as f16 (2 bytes a value) or Q8_0 (34 bytes per 32) */
@@ -327,6 +328,7 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->moe_in);
 	free(c->moe_y);
 	free(c->att);
+	free(c->att16);
 	free(c->vrow);
 	free(c->vacc);
 	free(c->qbuf);

@@ -158,6 +158,7 @@ struct eng_ctx {
 	float *moe_in;               /* [n_batch * k][n_embd] the pairs' inputs, sorted */
 	float *moe_y;                /* [n_batch * k][n_embd] their experts' outputs */
 	float *att;                  /* [n_threads][n_ctx] scores */
+	eng_fp16_t *att16;           /* [n_threads][n_ctx] the weights as f16 */
 	float *vrow;                 /* [n_threads][head_dim] a cache slice as floats */
 	double *vacc;                /* [n_threads][head_dim] weighted-sum accumulators */
 	uint8_t *qbuf;               /* [n_threads][qbuf_stride] the query as the keys' dot
