@@ -194,13 +194,16 @@ static void ctx_alloc(struct eng_ctx *c)
 		c->moe_in = xcalloc(c, nk * hp->n_embd, sizeof(float));
 		c->moe_y = xcalloc(c, nk * hp->n_embd, sizeof(float));
 	}
-	c->att = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(float));
+	/* attention's scratch: a thread takes up to a GQA group's heads at once */
+	size_t group = hp->n_head / hp->n_head_kv;
+
+	c->att = xcalloc(c, (size_t)nth * group * c->n_ctx, sizeof(float));
 	c->att16 = xcalloc(c, (size_t)nth * c->n_ctx, sizeof(eng_fp16_t));
 	c->vrow = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(float));
-	c->vacc = xcalloc(c, (size_t)nth * hp->head_dim, sizeof(double));
+	c->vacc = xcalloc(c, (size_t)nth * group * hp->head_dim, sizeof(double));
 	/* the query as f16 (2 bytes a value) or Q8_0 (34 bytes per 32) */
 	c->qbuf_stride = ((size_t)hp->head_dim * 2 + 63) & ~(size_t)63;
-	c->qbuf = xcalloc(c, nth, c->qbuf_stride);
+	c->qbuf = xcalloc(c, nth * group, c->qbuf_stride);
 	c->row_ctx = xcalloc(c, c->n_batch, sizeof(*c->row_ctx));
 	c->row_pos = xcalloc(c, c->n_batch, sizeof(*c->row_pos));
 	c->theta[0] = xcalloc(c, hp->n_rot / 2, sizeof(float));

@@ -157,11 +157,11 @@ struct eng_ctx {
 	struct wt *moe_slice;        /* [2 n_expert] their matrices */
 	float *moe_in;               /* [n_batch * k][n_embd] the pairs' inputs, sorted */
 	float *moe_y;                /* [n_batch * k][n_embd] their experts' outputs */
-	float *att;                  /* [n_threads][n_ctx] scores */
+	float *att;                  /* [n_threads][GQA group][n_ctx] scores */
 	eng_fp16_t *att16;           /* [n_threads][n_ctx] the weights as f16 */
 	float *vrow;                 /* [n_threads][head_dim] a cache slice as floats */
-	double *vacc;                /* [n_threads][head_dim] weighted-sum accumulators */
-	uint8_t *qbuf;               /* [n_threads][qbuf_stride] the query as the keys' dot
+	double *vacc;                /* [n_threads][GQA group][head_dim] weighted sums */
+	uint8_t *qbuf;               /* [n_threads][GQA group][qbuf_stride] the query as the keys' dot
 				      * takes it (f16, Q8_0) */
 	size_t qbuf_stride;
 	/* Whose each row of the pass is: the context whose cache (or recurrent
