@@ -1336,19 +1336,29 @@ def uffd_session(sock, name):
     return s, keep
 
 
+def moe_fixture(tag):
+    """The mixture-of-experts fixture: its name, path, tokens and the file of
+    its logits on a plain mmap (TMP/TAG.plain); None without it."""
+    m = "tiny-qwen3moe-q4_k_m.gguf"
+    if m not in MODEL_DIR:
+        return None
+    p = path_of(m)
+    toks = tokens_of(m)
+    plain = os.path.join(TMP, f"{tag}.plain")
+    run_eval(p, toks, plain)
+    return m, p, toks, plain
+
+
 def case_experts():
     """A mixture of experts through the pager an expert at a time: a budget
     that holds the cores and about two of the fixture's three layers of
     experts, so experts are evicted and read again; logits bit-identical to
     the plain mmap run, one token at a time and batched; the status shows the
     expert cache; an engine routing nonsense is dropped with one line."""
-    m = "tiny-qwen3moe-q4_k_m.gguf"
-    if m not in MODEL_DIR:
+    fx = moe_fixture("experts")
+    if not fx:
         return
-    p = path_of(m)
-    toks = tokens_of(m)
-    plain = os.path.join(TMP, "experts.plain")
-    run_eval(p, toks, plain)
+    m, p, toks, plain = fx
     for b in ("512", "1"):  # the last daemon's status is checked below
         # the budget: what streaming needs, what this engine declares and
         # one layer's experts beyond the minimum's one
@@ -1493,13 +1503,10 @@ def case_experts_shed():
     running engine's ranges moved back by REMAPs first); the engine keeps
     running and another one's logits through the shrunk cache are
     bit-identical to mmap; SIGUSR2 gives the room back."""
-    m = "tiny-qwen3moe-q4_k_m.gguf"
-    if m not in MODEL_DIR:
+    fx = moe_fixture("experts-shed")
+    if not fx:
         return
-    p = path_of(m)
-    toks = tokens_of(m)
-    plain = os.path.join(TMP, "experts-shed.plain")
-    run_eval(p, toks, plain)
+    m, p, toks, plain = fx
     # the experts of the layer in use and one more layer's: the cache fills
     # and evicts, and SIGUSR1 sheds that layer's worth
     d = Daemon([p], "--resident", "1")
