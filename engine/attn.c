@@ -161,6 +161,39 @@ static size_t head_off(enum eng_kv_type t, uint32_t h, uint32_t hd)
  * and from the L1 cache for the others. */
 #define KEY_CHUNK 64
 
+/* A head's scores into its attention weights: soft-capped (cap > 0),
+ * scaled, softmax.  With att16, rounded to f16 and back, as the reference's
+ * f16 product rounds the weights it multiplies f16 values by: through the
+ * kernel set's conversions (F16C where the CPU has it, the same bits as
+ * eng_fp32_to_fp16). */
+static void softmax(const struct eng_ctx *c, float *att, uint32_t n, float scale, float cap,
+		    eng_fp16_t *att16)
+{
+	float mx = -INFINITY, inv;
+	double sum = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		float s = att[i];
+
+		if (cap > 0)
+			s = tanhf(s * (1.0f / cap)) * cap;
+		att[i] = s * scale;
+		if (att[i] > mx)
+			mx = att[i];
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		att[i] = expf(att[i] - mx);
+		sum += att[i];
+	}
+	inv = (float)(1.0 / sum);
+	for (uint32_t i = 0; i < n; i++)
+		att[i] *= inv;
+	if (att16) {
+		c->k->from_float[ENG_TYPE_F16](att, att16, n);
+		c->k->to_float[ENG_TYPE_F16](att16, att, n);
+	}
+}
+
 /*
  * One work item: a token and `heads` query heads that share a KV head (a
  * GQA group, or part of one): scores over the cached keys (the last n_swa
@@ -242,37 +275,9 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 					}
 				}
 			}
-		for (uint32_t g = 0; g < G; g++) {
-			float *att = att0 + (size_t)g * c->n_ctx;
-			float mx = -INFINITY;
-			double sum = 0;
-
-			for (uint32_t i = 0; i < n_keys; i++) {
-				float s = att[i];
-
-				if (cap > 0)
-					s = tanhf(s * (1.0f / cap)) * cap;
-				att[i] = s * scale;
-				if (att[i] > mx)
-					mx = att[i];
-			}
-			for (uint32_t i = 0; i < n_keys; i++) {
-				att[i] = expf(att[i] - mx);
-				sum += att[i];
-			}
-			float inv = (float)(1.0 / sum);
-
-			for (uint32_t i = 0; i < n_keys; i++)
-				att[i] *= inv;
-			/* f16 values take weights rounded to f16, as the reference's
-			 * f16 product does: through the kernel set's conversions
-			 * (F16C where the CPU has it, the same bits as
-			 * eng_fp32_to_fp16) */
-			if (tv == ENG_KV_F16) {
-				c->k->from_float[ENG_TYPE_F16](att, att16, n_keys);
-				c->k->to_float[ENG_TYPE_F16](att16, att, n_keys);
-			}
-		}
+		for (uint32_t g = 0; g < G; g++)
+			softmax(c, att0 + (size_t)g * c->n_ctx, n_keys, scale, cap,
+				tv == ENG_KV_F16 ? att16 : NULL);
 		memset(vacc0, 0, (size_t)G * hd * sizeof(double));
 		n_keys = 0;
 		/* A quantized cache's values are summed in float over a run of
