@@ -287,6 +287,131 @@ static void test_shift_hybrid(void)
 	fixture_close(&mo);
 }
 
+/*
+ * A work item takes a GQA group's heads, or fewer where the pass has too few
+ * items for its threads (attn.c, item_heads), and goes over the keys 64 at a
+ * time for all of them.  tiny-llama's 8 heads on 2 KV heads: a token at a
+ * time, 1 thread takes 4 heads an item, 2 threads 2, 3 threads 1; a whole
+ * batch, 4.  Over 150 tokens (keys in three chunks and a part), every way
+ * must give the same logits, bit for bit, for each cache type.
+ */
+static void test_groups(enum eng_kv_type ty)
+{
+	enum { N = 150 };
+	static const struct { uint32_t threads, batch; } runs[] = { { 1, 1 }, { 2, 1 }, { 3, 1 },
+								   { 2, N } };
+	struct fixture mo;
+	int32_t toks[N];
+	float *want = NULL, *got = NULL;
+	size_t nv;
+	char err[256];
+
+	if (fixture_open("models/tiny-llama-q4_0.gguf", &mo) != 1)
+		return;
+	nv = eng_model_hparams(mo.m)->n_vocab;
+	want = malloc(nv * sizeof(float));
+	got = malloc(nv * sizeof(float));
+	for (int i = 0; i < N; i++)
+		toks[i] = i == 0 ? 1 : 100 + (i * 37) % 200;
+	for (size_t r = 0; r < sizeof(runs) / sizeof(runs[0]); r++) {
+		struct eng_ctx_config cfg = { .n_ctx = 256, .n_threads = runs[r].threads,
+					      .n_batch = runs[r].batch, .type_k = ty, .type_v = ty };
+		struct eng_ctx *c;
+		int rc = 0;
+
+		if (eng_ctx_create(mo.m, &cfg, &c, err, sizeof(err))) {
+			CHECK(0, "create: %s", err);
+			break;
+		}
+		for (int i = 0; i < N && !rc; i += runs[r].batch)
+			rc = eng_decode(c, toks + i, runs[r].batch, r ? got : want, false);
+		CHECK(rc == 0, "decode");
+		CHECK(r == 0 || !memcmp(want, got, nv * sizeof(float)),
+		      "%s cache: %u threads, batch %u: the last token's logits differ from "
+		      "1 thread's, a token at a time", eng_kv_type_name(ty), runs[r].threads,
+		      runs[r].batch);
+		eng_ctx_destroy(c);
+	}
+	free(want);
+	free(got);
+	fixture_close(&mo);
+}
+
+/*
+ * The pass itself against attention written out plainly: 150 positions of
+ * tiny-llama in an f16 cache (its 8 heads on 2 KV heads: groups of 4, the
+ * keys in chunks of 64 and a part), a random query at the last position,
+ * layer 0's attention(); each head's output against scores of the query
+ * rounded to f16, a softmax in double, weights rounded to f16 and double
+ * sums of the values.  Within 1e-5 of the largest value (the pass's scores
+ * are its F16 dot kernel's, summed in another order).
+ */
+static void test_pass(uint32_t threads)
+{
+	enum { N = 150 };
+	struct fixture mo;
+	struct eng_ctx_config cfg = { .n_ctx = 256, .n_threads = threads };
+	struct eng_ctx *c = NULL;
+	int32_t toks[N];
+	char err[256];
+
+	if (fixture_open("models/tiny-llama-q4_0.gguf", &mo) != 1)
+		return;
+	for (int i = 0; i < N; i++)
+		toks[i] = i == 0 ? 1 : 100 + (i * 53) % 200;
+	if (eng_ctx_create(mo.m, &cfg, &c, err, sizeof(err))) {
+		CHECK(0, "create: %s", err);
+		goto out;
+	}
+	CHECK(eng_decode(c, toks, N, NULL, false) == 0, "decode %d", N);
+
+	const struct eng_hparams *hp = &c->m->hp;
+	const struct kv_layer *kl = &c->kv[c->m->layers[0].slot];
+	uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+	double worst = 0, vmax = 0;
+
+	CHECK(group > 1 && hd % 32 == 0, "tiny-llama: %u heads a KV head, head_dim %u", group, hd);
+	for (uint32_t i = 0; i < c->q_dim; i++)
+		c->q[i] = frand();
+	c->row_ctx[0] = c;
+	c->row_pos[0] = N - 1;
+	attention(c, 0, 1);
+	for (uint32_t h = 0; h < hp->n_head; h++) {
+		const uint8_t *koff = kl->k + (size_t)(h / group) * hd * 2;
+		const uint8_t *voff = kl->v + (size_t)(h / group) * hd * 2;
+		double sc[N], mx = -INFINITY, sum = 0, out[256] = { 0 };
+
+		for (int t = 0; t < N; t++) {
+			const eng_fp16_t *k = (const eng_fp16_t *)(koff + (size_t)t * c->k_row);
+
+			sc[t] = 0;
+			for (uint32_t d = 0; d < hd; d++)
+				sc[t] += (double)eng_fp16_to_fp32(k[d]) *
+					 eng_fp16_to_fp32(eng_fp32_to_fp16(c->q[h * hd + d]));
+			sc[t] *= hp->attn_scale;
+			mx = sc[t] > mx ? sc[t] : mx;
+		}
+		for (int t = 0; t < N; t++)
+			sum += sc[t] = exp(sc[t] - mx);
+		for (int t = 0; t < N; t++) {
+			const eng_fp16_t *v = (const eng_fp16_t *)(voff + (size_t)t * c->v_row);
+			float w = eng_fp16_to_fp32(eng_fp32_to_fp16((float)(sc[t] / sum)));
+
+			for (uint32_t d = 0; d < hd; d++) {
+				out[d] += (double)w * eng_fp16_to_fp32(v[d]);
+				vmax = fmax(vmax, fabs(eng_fp16_to_fp32(v[d])));
+			}
+		}
+		for (uint32_t d = 0; d < hd; d++)
+			worst = fmax(worst, fabs(out[d] - c->xb2[h * hd + d]));
+	}
+	CHECK(worst <= 1e-5 * vmax, "%u threads: attention off by %g (values up to %g)", threads,
+	      worst, vmax);
+out:
+	eng_ctx_destroy(c);
+	fixture_close(&mo);
+}
+
 int main(void)
 {
 	test_kernels(attn_kernels_ref());
@@ -299,6 +424,10 @@ int main(void)
 	test_shift(ENG_KV_F16, 2.0 / 1024);
 	test_shift(ENG_KV_Q8_0, 2.0 / 127);
 	test_shift_hybrid();
+	test_pass(1);
+	test_pass(3);
+	test_groups(ENG_KV_F16);
+	test_groups(ENG_KV_Q8_0);
 	printf("%s (%d failures)\n", failures ? "FAIL" : "ok", failures);
 	return failures ? 1 : 0;
 }
