@@ -64,8 +64,8 @@ def run_strata(model, cg):
         m = st["models"][0]
         return sum(l["state"] == "resident" for l in m["layers"]) == m["resident_layers_planned"]
 
-    j, before, after, _ = bench_paged(model, ["--budget", str(budget), *win], loaded, a.tokens,
-                                   a.threads, cg.enter)
+    j, before, after, _ = bench_paged(model, ["--budget", str(budget), *win], loaded,
+                                      a.tokens, a.threads, cg.enter)
     io0, io1 = before["io"], after["io"]
     busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
     m = after["models"][0]

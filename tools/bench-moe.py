@@ -115,6 +115,7 @@ def run_strata(model, cg, daemon_args=(), build=None):
     per_tok = (x1["bytes_read"] - x0["bytes_read"]) / passes
     probed = after["io"]["probed_gbps"] * 1e9
     compute = compute_s or m1["speed"]["compute_ms"] / 1e3
+    token_s = max(compute, per_tok / probed)  # a token at the bound
     io0, io1 = before["io"], after["io"]
     busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
     keys = ("routed", "predicted", "read_ahead", "read_ahead_used", "routed_in_flight")
@@ -130,8 +131,8 @@ def run_strata(model, cg, daemon_args=(), build=None):
             la["routed_in_flight"] / passes,"tps": j["decode_tps"], "hit": (x1["hits"] - x0["hits"]) / routed,
             "gbps": (io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy > 0 else 0,
             "mib_tok": per_tok / 2**20, "compute": compute, "probed": probed / 1e9,
-            "bound": 1 / max(compute, per_tok / probed),
-            "frac": j["decode_tps"] * max(compute, per_tok / probed), "cap": x1["capacity_bytes"] >> 20,
+            "bound": 1 / token_s, "frac": j["decode_tps"] * token_s,
+            "cap": x1["capacity_bytes"] >> 20,
             "remaps_tok": remaps / passes, "remap_us": remap_ms * 1e3 / remaps if remaps else 0,
             "cpu_engine": cpu["engine"] / passes, "cpu_daemon": cpu["daemon"] / passes,
             "held": x1["held_bytes"] >> 20, "budget": after["budget_bytes"] >> 20,
