@@ -1510,7 +1510,8 @@ def case_experts_shed():
     # the experts of the layer in use and one more layer's: the cache fills
     # and evicts, and SIGUSR1 sheds that layer's worth
     d = Daemon([p], "--resident", "1")
-    per_layer = d.model(m)["experts"]["bytes"] // len(d.model(m)["experts"]["resident"])
+    ex = d.model(m)["experts"]
+    per_layer = ex["bytes"] // len(ex["resident"])
     e = start_engine(p, d.sock, extra=("--context-shift",))
     first_output(e)
     # two thirds of the cache in slots, so that shrinking it to about half
