@@ -367,11 +367,13 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx)
 		msg("%s: cannot talk to the pager", o->model);
 		return EXIT_BAD_INPUT;
 	}
-	/* a mixture of experts tells the pager its routes, and its guesses of
-	 * the next layer's (experts.c) */
+	/* a mixture of experts tells the pager its routes, and, if the pager
+	 * reads ahead on them (not with stratad --no-lookahead), its guesses
+	 * of the next layer's: a guess costs a router's bytes a layer */
 	for (unsigned i = 0; s->pc && i < s->n_seqs; i++) {
 		eng_ctx_set_route_hook(s->seqs[i], route_to_pager, s->pc);
-		eng_ctx_set_lookahead_hook(s->seqs[i], hint_to_pager, s->pc);
+		if (pager_client_wants_hints(s->pc))
+			eng_ctx_set_lookahead_hook(s->seqs[i], hint_to_pager, s->pc);
 	}
 	/* without it the reports go on, without per-layer times */
 	if (s->pc && s->hp->n_layer <= PAGER_PASS_MAX_LAYERS)

@@ -59,6 +59,7 @@ struct pager_client {
 	int slotfd;     /* the streaming slots, -1 without */
 	uint64_t slots_size;
 	uint64_t engine_room, engine_limit; /* from MODEL: see pager_client_room */
+	bool hints;     /* from MODEL: the daemon reads ahead on HINT */
 	int stopfd; /* eventfd: tells the watchdog to go quietly */
 	void *base;
 	size_t map_size;
@@ -416,7 +417,8 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	rc = recv_msg(c->sock, PROTO_MODEL, mp, sizeof(mp), &len, &memfd, err, errlen);
 	if (rc)
 		goto fail;
-	if (len != PROTO_MODEL_SIZE || memfd < 0) {
+	if (len != PROTO_MODEL_SIZE || memfd < 0 ||
+	    proto_get_u32(mp + 56) & ~PROTO_MODEL_HINTS || proto_get_u32(mp + 60)) {
 		snprintf(err, errlen, "malformed MODEL message from the daemon");
 		rc = -EPROTO;
 		goto fail;
@@ -426,6 +428,7 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	c->slots_size = proto_get_u64(mp + 32);
 	c->engine_room = proto_get_u64(mp + 40);
 	c->engine_limit = proto_get_u64(mp + 48);
+	c->hints = proto_get_u32(mp + 56) & PROTO_MODEL_HINTS;
 	if (c->slots_size) {
 		uint8_t none[1];
 
@@ -522,6 +525,11 @@ void pager_client_room(const struct pager_client *c, uint64_t *room, uint64_t *l
 {
 	*room = c->engine_room;
 	*limit = c->engine_limit;
+}
+
+bool pager_client_wants_hints(const struct pager_client *c)
+{
+	return c->hints;
 }
 
 int pager_client_declare(struct pager_client *c, uint64_t bytes, uint64_t kv_bytes)

@@ -29,8 +29,11 @@
  * forces a load), and the hinted experts are pinned until the client's next
  * ROUTE, which then finds them in memory or in flight.  A hint is no use:
  * it moves no score, so a wrong guess is the first to leave again.  With
- * --no-lookahead the daemon only scores the hints (how many of the routed
- * experts they named) and reads nothing on them.
+ * --no-lookahead the MODEL message asks engines for no hints (server.c):
+ * the guess costs an engine a router's bytes a layer, more than the reads
+ * ahead save where the routing defeats it (docs/design.md).  Hints a
+ * client sends unasked are only scored (how many of the routed experts
+ * they named); nothing is read on them.
  *
  * Evictions punch on the daemon's thread rather than on the ring: an expert
  * is a few MiB, and the load that waits for the room should not wait behind

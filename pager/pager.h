@@ -53,7 +53,8 @@ struct pager_config {
 				 * followed as it changes (budget.c) */
 	const char *mode;       /* "speed" (NULL), "balanced", "context": plan_i.h */
 	bool no_pressure;       /* do not watch memory pressure (pressure.c) */
-	bool no_lookahead;      /* read nothing on an engine's HINT (experts.c) */
+	bool no_lookahead;      /* ask engines for no HINT, read nothing on one
+				 * (experts.c) */
 	int resident;           /* layers kept resident; -1 = as many as fit */
 	unsigned window;        /* streamed layers read ahead; 0 = default (2) */
 	unsigned n_models;
@@ -110,6 +111,10 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
  * engines, less what the others declared), and *limit, the most it may
  * declare at all (more is refused); UINT64_MAX: the daemon has no budget. */
 void pager_client_room(const struct pager_client *c, uint64_t *room, uint64_t *limit);
+/* Does the daemon read experts ahead on a HINT (not with stratad
+ * --no-lookahead)?  Its MODEL says so; an engine that is not asked spares
+ * itself the guess. */
+bool pager_client_wants_hints(const struct pager_client *c);
 /* Tell the daemon how much memory this client needs besides the model (its
  * KV cache and buffers), of which kv_bytes its KV cache, once it knows;
  * the daemon re-plans residency. */

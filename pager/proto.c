@@ -54,6 +54,9 @@ static int payload(struct proto_msg *m, const char **why)
 		m->u.model.slots_size = proto_get_u64(pl + 32);
 		m->u.model.engine_room = proto_get_u64(pl + 40);
 		m->u.model.engine_limit = proto_get_u64(pl + 48);
+		m->u.model.flags = proto_get_u32(pl + 56);
+		if (m->u.model.flags & ~PROTO_MODEL_HINTS || proto_get_u32(pl + 60))
+			return bad(why, "MODEL with unknown flags");
 		return 0;
 	case PROTO_REGISTER:
 		if (len != PROTO_REGISTER_SIZE)

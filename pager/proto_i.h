@@ -61,7 +61,7 @@
 #include <stdint.h>
 
 #define PROTO_MAGIC 0x41525453u
-#define PROTO_VERSION 7
+#define PROTO_VERSION 8
 #define PROTO_HDR_SIZE 16
 #define PROTO_MAX_PAYLOAD (1u << 20)
 #define PROTO_MAX_NAME 4096
@@ -99,7 +99,7 @@ enum proto_role {
 #define PROTO_HELLO_FIXED 16
 
 /*
- * MODEL payload (48 bytes), with one fd: the model's memfd (mapped PROT_READ;
+ * MODEL payload (64 bytes), with one fd: the model's memfd (mapped PROT_READ;
  * it cannot be a read-only descriptor, see on_hello in server.c).
  *    0  8 file_size   bytes of the GGUF file (the engine's region size)
  *    8  8 map_size    file_size rounded up to the page size (the memfd size)
@@ -112,8 +112,14 @@ enum proto_role {
  *                     declared); UINT64_MAX: no budget
  *   48  8 engine_limit the most it may declare at all (the budget less the
  *                     models' minimums and the others' declarations)
+ *   56  4 flags       PROTO_MODEL_HINTS; other bits 0
+ *   60  4 reserved    0
  */
-#define PROTO_MODEL_SIZE 56
+#define PROTO_MODEL_SIZE 64
+/* flags: the daemon reads experts ahead on HINT, so the engine should send
+ * them; without it (stratad --no-lookahead), a HINT is only scored and the
+ * engine need not compute its guess */
+#define PROTO_MODEL_HINTS 1u
 
 /* SLOTS payload (0 bytes), with one fd: the memfd of the streaming slots,
  * slots_size bytes, mapped by REMAP only. */
@@ -204,7 +210,7 @@ struct proto_msg {
 		struct { uint32_t role, name_len; uint64_t declared; const char *name; } hello;
 		struct {
 			uint64_t file_size, map_size, model_id, slots_size, engine_room, engine_limit;
-			uint32_t n_units, page_size;
+			uint32_t n_units, page_size, flags;
 		} model;
 		struct { uint64_t base, length; } reg;
 		struct { uint32_t resident_units; } ready;

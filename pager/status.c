@@ -181,8 +181,10 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 		      "ahead%s, %llu of them routed to; %llu routed while in flight\n",
 		   acc, (unsigned long long)x->hint_right, (unsigned long long)x->hint_routed,
 		   (unsigned long long)x->ahead_loads,
-		   m->p->cfg.no_lookahead ? " (off: --no-lookahead)" : "",
+		   m->p->cfg.no_lookahead ? " (off: hints only scored)" : "",
 		   (unsigned long long)x->ahead_used, (unsigned long long)x->in_flight);
+	else if (!json && m->p->cfg.no_lookahead)
+		sb(s, "  lookahead   off (--no-lookahead: no guesses, nothing read ahead)\n");
 	if (!json)
 		sb(s, "  in memory   [");
 	for (unsigned layer = 0; layer < l->n_layers; layer++) {

@@ -34,9 +34,9 @@
               ignored
   experts     a mixture of experts an expert at a time: a budget that evicts
               experts; logits bit-identical to mmap, with the lookahead's
-              reads ahead and without (--no-lookahead), the expert cache in
-              the status; a HINT reads its experts before any fault; hostile
-              ROUTEs and HINTs dropped
+              reads ahead and without (--no-lookahead: no hint sent), the
+              expert cache in the status; a HINT reads its
+              experts before any fault; hostile ROUTEs and HINTs dropped
   experts-shed  SIGUSR1 while an engine streams a mixture of experts whose
               cache is full, in slots: the cache shrinks to one layer's
               experts (evicted, slots punched), the engine runs on, results
@@ -82,6 +82,10 @@ import json, os, signal, socket, struct, subprocess, sys, tempfile, time
 
 BUILD = os.environ["STRATA_BUILD"]
 FIX = os.environ["STRATA_FIXTURES"]
+# the wire's version, as the C both sides are built from says it
+with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pager",
+                       "proto_i.h")) as f:
+    PROTO_VERSION = int(next(l.split()[2] for l in f if l.startswith("#define PROTO_VERSION ")))
 STRATA = os.path.join(BUILD, "strata")
 STRATAD = os.path.join(BUILD, "daemon", "stratad")
 CTL = os.path.join(BUILD, "tools", "stratactl")
@@ -304,7 +308,7 @@ def raw_conn(sock):
     return s
 
 
-def hdr(t, n, magic=0x41525453, ver=7):
+def hdr(t, n, magic=0x41525453, ver=PROTO_VERSION):
     return struct.pack("<IBBHII", magic, ver, 0, t, n, 0)
 
 
@@ -330,7 +334,7 @@ def case_garbage():
         "random bytes": os.urandom(100),
         "one byte": b"\0",
         "bad magic": hdr(1, len(hello), magic=0xdeadbeef) + hello,
-        "bad version": hdr(1, len(hello), ver=9) + hello,
+        "bad version": hdr(1, len(hello), ver=PROTO_VERSION + 1) + hello,
         "length larger than sent": hdr(1, 5000) + hello,
         "length smaller than sent": hdr(1, 3) + hello,
         "short HELLO": hdr(1, 4) + b"\1\0\0\0",
@@ -1444,16 +1448,20 @@ def case_experts():
     for fd in keep:
         os.close(fd)
     d.stop()
-    # --no-lookahead: the hints are scored, nothing is read on them, and the
-    # logits are the same
+    # --no-lookahead: the engine is not asked for hints, so it computes no
+    # guess and sends none, nothing is read ahead, and the logits are the
+    # same
     d = Daemon([p], "--budget", str(need + per_layer), "--no-lookahead")
     out = os.path.join(TMP, "experts.nolook")
     r = run_eval(p, toks, out, d.sock, ("-b", "1"))
     la = d.model(m)["experts"]["lookahead"]
+    text = subprocess.run([CTL, "--socket", d.sock, "status"], capture_output=True,
+                          text=True).stdout
     d.stop()
-    check("experts: --no-lookahead is bit-identical to mmap and reads nothing ahead",
+    check("experts: --no-lookahead is bit-identical to mmap, sends no hint, reads nothing ahead",
           r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read() and
-          not la["on"] and la["hinted"] > 0 and la["read_ahead"] == 0, r.stderr.strip() + str(la))
+          not la["on"] and la["hinted"] == 0 and la["read_ahead"] == 0 and
+          "lookahead   off" in text, r.stderr.strip() + str(la) + text)
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
         print("skip experts through the mount: needs /dev/fuse and root")
         return
@@ -1659,8 +1667,10 @@ def case_peercred():
               "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
               "s.connect(sys.argv[1]); s.settimeout(5)\n"
               "try:\n"
-              "    s.send(struct.pack('<IHHII', 0x41525453, 7, 1, 16, 0) + struct.pack('<IIQ', 2, 0, 0))\n"
-              "    s.send(struct.pack('<IHHII', 0x41525453, 7, 5, 4, 0) + struct.pack('<I', 0))\n"
+              f"    s.send(struct.pack('<IHHII', 0x41525453, {PROTO_VERSION}, 1, 16, 0) + "
+              "struct.pack('<IIQ', 2, 0, 0))\n"
+              f"    s.send(struct.pack('<IHHII', 0x41525453, {PROTO_VERSION}, 5, 4, 0) + "
+              "struct.pack('<I', 0))\n"
               "    d = s.recv(100000)\n"
               "except OSError:\n    d = b''\n"
               "print('served' if len(d) > 16 else 'refused')\n")

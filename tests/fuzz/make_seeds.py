@@ -62,8 +62,15 @@ def data_offset(buf):
     return (pos + align - 1) // align * align
 
 
+def proto_version():
+    """PROTO_VERSION as pager/proto_i.h defines it."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'pager',
+                           'proto_i.h')) as f:
+        return int(next(l.split()[2] for l in f if l.startswith('#define PROTO_VERSION ')))
+
+
 def hdr(t, n):
-    return struct.pack('<IHHII', 0x41525453, 7, t, n, 0)
+    return struct.pack('<IHHII', 0x41525453, proto_version(), t, n, 0)
 
 
 def msg(t, payload=b''):
@@ -137,8 +144,8 @@ def main():
           b''.join(framed(server[k]) for k in ('hello', 'register', 'declare', 'route', 'hint', 'pass',
                                               'remapped')))
     client = {
-        'model': msg(2, struct.pack('<QQIIQQQQ', 1185376, 1187840, 7, 4096, 0, 8 << 20,
-                                    1 << 30, 2 << 30)),
+        'model': msg(2, struct.pack('<QQIIQQQQII', 1185376, 1187840, 7, 4096, 0, 8 << 20,
+                                    1 << 30, 2 << 30, 1, 0)),
         'slots': msg(9),
         'ready': msg(4, struct.pack('<II', 3, 0)),
         'status': msg(6, b'{"models": []}'),
