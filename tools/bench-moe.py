@@ -28,8 +28,9 @@ repetition, interleaved (each model: strata, then each llama-bench):
             threads, the daemon's io_uring workers too; the engine's
             includes its start and warm-up token).
   strata no-lookahead  with --no-lookahead-too, the same with
-            `stratad --no-lookahead` (the engine still hints, the daemon
-            reads nothing on a hint): the lookahead's worth, interleaved.
+            `stratad --no-lookahead` (the engine computes no guess and
+            sends no hint, nothing is read ahead): the lookahead's worth,
+            its guess's cost included, interleaved.
   strata NAME  with --strata-build NAME=BUILD_DIR, the same with the strata,
             stratad and stratactl of another build (e.g. of the commit
             before a change), interleaved too.
