@@ -417,8 +417,7 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
 	rc = recv_msg(c->sock, PROTO_MODEL, mp, sizeof(mp), &len, &memfd, err, errlen);
 	if (rc)
 		goto fail;
-	if (len != PROTO_MODEL_SIZE || memfd < 0 ||
-	    proto_get_u32(mp + 56) & ~PROTO_MODEL_HINTS || proto_get_u32(mp + 60)) {
+	if (len != PROTO_MODEL_SIZE || memfd < 0) {
 		snprintf(err, errlen, "malformed MODEL message from the daemon");
 		rc = -EPROTO;
 		goto fail;

@@ -35,8 +35,8 @@
   experts     a mixture of experts an expert at a time: a budget that evicts
               experts; logits bit-identical to mmap, with the lookahead's
               reads ahead and without (--no-lookahead: no hint sent), the
-              expert cache in the status; a HINT reads its
-              experts before any fault; hostile ROUTEs and HINTs dropped
+              expert cache in the status; a HINT reads its experts before
+              any fault; hostile ROUTEs and HINTs dropped
   experts-shed  SIGUSR1 while an engine streams a mixture of experts whose
               cache is full, in slots: the cache shrinks to one layer's
               experts (evicted, slots punched), the engine runs on, results
