@@ -251,28 +251,33 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 			for (uint32_t i0 = 0; i0 < len; i0 += KEY_CHUNK) {
 				uint32_t n = len - i0 < KEY_CHUNK ? len - i0 : KEY_CHUNK;
 				const uint8_t *kr = kl->k + ((size_t)slot + i0) * c->k_row + koff;
+				float *att = att0 + n_keys + i0; /* head g's at g * n_ctx */
 
-				for (uint32_t g = 0; g < G; g++) {
-					float *att = att0 + (size_t)g * c->n_ctx + n_keys + i0;
-					const float *q = q0 + (size_t)g * hd;
-					const uint8_t *qbuf = qbuf0 + (size_t)g * c->qbuf_stride;
-
-					if (k_slice) {
-						for (uint32_t i = 0; i < n; i++) {
+				if (k_slice) {
+					/* a key's slice as floats once, for every head */
+					for (uint32_t i = 0; i < n; i++) {
+						kv_slice_to_float(tk, kr + (size_t)i * c->k_row,
+								  (size_t)kvh * hd, hd, vrow);
+						for (uint32_t g = 0; g < G; g++) {
+							const float *q = q0 + (size_t)g * hd;
 							float s = 0.0f;
 
-							kv_slice_to_float(tk, kr + (size_t)i * c->k_row,
-									  (size_t)kvh * hd, hd, vrow);
 							for (uint32_t d = 0; d < hd; d++)
 								s += q[d] * vrow[d];
-							att[i] = s;
+							att[(size_t)g * c->n_ctx + i] = s;
 						}
-					} else if (tk == ENG_KV_F16) {
-						for (uint32_t i = 0; i < n; i++)
-							dot16(hd, &att[i], kr + (size_t)i * c->k_row, qbuf);
-					} else {
-						ak->score[tk](hd, n, att, kr, c->k_row, qbuf);
 					}
+					continue;
+				}
+				for (uint32_t g = 0; g < G; g++) {
+					const uint8_t *qbuf = qbuf0 + (size_t)g * c->qbuf_stride;
+					float *ag = att + (size_t)g * c->n_ctx;
+
+					if (tk == ENG_KV_F16)
+						for (uint32_t i = 0; i < n; i++)
+							dot16(hd, &ag[i], kr + (size_t)i * c->k_row, qbuf);
+					else
+						ak->score[tk](hd, n, ag, kr, c->k_row, qbuf);
 				}
 			}
 		for (uint32_t g = 0; g < G; g++)
@@ -289,22 +294,26 @@ static void attn_worker(void *arg, unsigned ith, unsigned nth)
 			     i0 += step) {
 				uint32_t n = len - i0 < step ? len - i0 : step;
 				const uint8_t *vr = kl->v + ((size_t)slot + i0) * c->v_row + voff;
+				const float *att = att0 + n_keys + i0; /* head g's at g * n_ctx */
 
-				for (uint32_t g = 0; g < G; g++) {
-					const float *att = att0 + (size_t)g * c->n_ctx + n_keys + i0;
-					double *vacc = vacc0 + (size_t)g * hd;
+				if (v_slice) {
+					/* a value's slice as floats once, for every head */
+					for (uint32_t i = 0; i < n; i++) {
+						kv_slice_to_float(tv, vr + (size_t)i * c->v_row,
+								  (size_t)kvh * hd, hd, vrow);
+						for (uint32_t g = 0; g < G; g++) {
+							float w = att[(size_t)g * c->n_ctx + i];
+							double *vacc = vacc0 + (size_t)g * hd;
 
-					if (v_slice) {
-						for (uint32_t i = 0; i < n; i++) {
-							kv_slice_to_float(tv, vr + (size_t)i * c->v_row,
-									  (size_t)kvh * hd, hd, vrow);
 							for (uint32_t d = 0; d < hd; d++)
-								vacc[d] += (double)(att[i] * vrow[d]);
+								vacc[d] += (double)(w * vrow[d]);
 						}
-					} else {
-						ak->accum[tv](hd, n, vacc, vr, c->v_row, att);
 					}
+					continue;
 				}
+				for (uint32_t g = 0; g < G; g++)
+					ak->accum[tv](hd, n, vacc0 + (size_t)g * hd, vr, c->v_row,
+						      att + (size_t)g * c->n_ctx);
 			}
 		for (uint32_t g = 0; g < G; g++) {
 			float *out = c->xb2 + (size_t)b * c->q_dim + (size_t)(h0 + g) * hd;
