@@ -12,7 +12,9 @@ cache:
                ISA asked for: the prompt's and decode's tok/s;
   pass         `STRATA_ISA=ISA strata bench -m M -p BATCH -n 0`: one pass over
                BATCH positions, its time set against a one-token decode pass
-               of the run above (the cost of verifying BATCH drafts at once);
+               of the run above (the cost of verifying BATCH drafts at once;
+               --batch 0 leaves it out, and --prompt 0 the prompt: e.g. decode
+               alone, --prompt 0 --batch 0 --tokens 32);
   llama NAME   `llama-bench -m M -p PROMPT -n TOKENS -r 1` of each build given
                (e.g. default=/work/llama/build-default/bin/llama-bench,
                avx2=/work/llama/build-avx2-default/bin/llama-bench; with LIBDIR,
@@ -25,7 +27,10 @@ measure between runs: run the script WITHOUT an outer `flock` of that file
 
 Prints a markdown table of medians (runs in brackets) and the ratios strata /
 llama.cpp of each ISA against each build, so that each path is compared with
-the build that uses the same instructions (pair them in the text).
+the build that uses the same instructions (pair them in the text): the ratio
+of the medians, then each round's own ratio in brackets (the two runs of a
+round are minutes apart, where a host's memory speed can change between
+rounds).
 """
 import argparse, json, os, statistics, subprocess, sys
 
@@ -70,15 +75,19 @@ for rep in range(a.reps):
         name = os.path.basename(m)
         for isa in isas:
             j = strata(m, isa, a.prompt, a.tokens)
-            b = strata(m, isa, a.batch, 0)
             r = runs.setdefault((name, "strata " + isa), {"prompt": [], "decode": [], "pass": []})
-            r["prompt"].append(j["prompt_tps"])
+            r["prompt"].append(j["prompt_tps"] if a.prompt else None)
             r["decode"].append(j["decode_tps"])
-            # seconds of one BATCH-position pass over seconds of one token
-            r["pass"].append(a.batch / b["prompt_tps"] * j["decode_tps"])
-            print(f"rep {rep + 1} {name} strata {isa}: prompt {j['prompt_tps']:.2f}, decode "
-                  f"{j['decode_tps']:.2f} tok/s, {a.batch} positions {r['pass'][-1]:.2f}x a token",
-                  file=sys.stderr)
+            line = f"prompt {j['prompt_tps']:.2f}, " if a.prompt else ""
+            if a.batch:
+                b = strata(m, isa, a.batch, 0)
+                # seconds of one BATCH-position pass over seconds of one token
+                r["pass"].append(a.batch / b["prompt_tps"] * j["decode_tps"])
+                line += f"decode {j['decode_tps']:.2f} tok/s, {a.batch} positions " \
+                        f"{r['pass'][-1]:.2f}x a token"
+            else:
+                line += f"decode {j['decode_tps']:.2f} tok/s"
+            print(f"rep {rep + 1} {name} strata {isa}: {line}", file=sys.stderr)
         for lname, spec in llamas.items():
             if lname in dead:
                 continue
@@ -90,10 +99,11 @@ for rep in range(a.reps):
                 print(f"rep {rep + 1} {name} llama.cpp {lname}: failed, {err}", file=sys.stderr)
                 continue
             r = runs.setdefault((name, "llama.cpp " + lname), {"prompt": [], "decode": []})
-            r["prompt"].append(j["prompt"])
+            r["prompt"].append(j.get("prompt"))
             r["decode"].append(j["decode"])
-            print(f"rep {rep + 1} {name} llama.cpp {lname}: prompt {j['prompt']:.2f}, decode "
-                  f"{j['decode']:.2f} tok/s", file=sys.stderr)
+            line = f"prompt {j['prompt']:.2f}, " if a.prompt else ""
+            print(f"rep {rep + 1} {name} llama.cpp {lname}: {line}decode {j['decode']:.2f} tok/s",
+                  file=sys.stderr)
 
 
 def med(v):
@@ -101,7 +111,18 @@ def med(v):
 
 
 def fmt(v):
+    if not v or v[0] is None:
+        return "-"
     return f"{med(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})"
+
+
+def ratio(s, l):
+    """The ratio of the medians, and each round's (a round whose llama.cpp
+    run failed has none)."""
+    if not s or s[0] is None:
+        return "-"
+    rounds = ", ".join(f"{x / y:.2f}" for x, y in zip(s, l))
+    return f"{med(s) / med(l):.2f} ({rounds})"
 
 
 print(f"{a.reps} interleaved rounds, {a.threads} threads, prompt {a.prompt}, decode {a.tokens}; "
@@ -109,7 +130,7 @@ print(f"{a.reps} interleaved rounds, {a.threads} threads, prompt {a.prompt}, dec
 print(f"| model | engine | {a.prompt}-token prompt tok/s | decode tok/s | {a.batch}-position pass |")
 print("|---|---|---|---|---|")
 for (name, eng), r in runs.items():
-    p = fmt(r["pass"]) + "x" if "pass" in r else ""
+    p = fmt(r["pass"]) + "x" if r.get("pass") else ""
     print(f"| {name} | {eng} | {fmt(r['prompt'])} | {fmt(r['decode'])} | {p} |")
 for lname, why in dead.items():
     print(f"\nllama.cpp {lname} left out: {why}")
@@ -124,5 +145,5 @@ if set(llamas) - set(dead):
                 if (name, "llama.cpp " + lname) not in runs:
                     continue
                 l = runs[(name, "llama.cpp " + lname)]
-                print(f"| {name} | {isa} / {lname} | {med(s['prompt']) / med(l['prompt']):.2f} | "
-                      f"{med(s['decode']) / med(l['decode']):.2f} |")
+                print(f"| {name} | {isa} / {lname} | {ratio(s['prompt'], l['prompt'])} | "
+                      f"{ratio(s['decode'], l['decode'])} |")
