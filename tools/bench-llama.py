@@ -28,9 +28,9 @@ measure between runs: run the script WITHOUT an outer `flock` of that file
 Prints a markdown table of medians (runs in brackets) and the ratios strata /
 llama.cpp of each ISA against each build, so that each path is compared with
 the build that uses the same instructions (pair them in the text): the ratio
-of the medians, then each round's own ratio in brackets (the two runs of a
-round are minutes apart, where a host's memory speed can change between
-rounds).
+of the medians, then each round's own ratio in brackets (a round's two runs
+follow each other, and a host's memory speed can change from one round to
+the next: docs/benchmarks.md, issue 17, session 36).
 """
 import argparse, json, os, statistics, subprocess, sys
 
