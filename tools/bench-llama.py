@@ -79,14 +79,12 @@ for rep in range(a.reps):
             r["prompt"].append(j["prompt_tps"] if a.prompt else None)
             r["decode"].append(j["decode_tps"])
             line = f"prompt {j['prompt_tps']:.2f}, " if a.prompt else ""
+            line += f"decode {j['decode_tps']:.2f} tok/s"
             if a.batch:
                 b = strata(m, isa, a.batch, 0)
                 # seconds of one BATCH-position pass over seconds of one token
                 r["pass"].append(a.batch / b["prompt_tps"] * j["decode_tps"])
-                line += f"decode {j['decode_tps']:.2f} tok/s, {a.batch} positions " \
-                        f"{r['pass'][-1]:.2f}x a token"
-            else:
-                line += f"decode {j['decode_tps']:.2f} tok/s"
+                line += f", {a.batch} positions {r['pass'][-1]:.2f}x a token"
             print(f"rep {rep + 1} {name} strata {isa}: {line}", file=sys.stderr)
         for lname, spec in llamas.items():
             if lname in dead:
