@@ -62,7 +62,8 @@
  * load and instruction serves 16 rows, and the loop was bound by loads and
  * instructions, not by vpdpbusd (8 rows in 256-bit vectors: 108 GMAC/s on
  * one core, 16 rows: 136, an 8B-shaped matrix and 64 tokens).  With 8 rows
- * (vec_dot8, for the rows a 16-row tile leaves) the upper half is zero.
+ * (vec_dot8, for the rows a 16-row tile leaves, and decoding: see
+ * vec_dot16_q4_0_vnni) the upper half is zero.
  * Before this layout: rows r and r + 4 in one vector, as quant_avx2.c had,
  * four partial sums per row and an unpack-and-add tree per token: 77.
  */
@@ -303,13 +304,23 @@ VNNI static void vec_dot8_q4_0_vnni(size_t n, unsigned nt, float *out, size_t ou
 	Q4_0_VNNI_NT(false, 8)
 }
 
+/* Decoding (one token) takes the 16 rows as two tiles of 8, one after the
+ * other: eight interleaved streams at a time instead of sixteen, which
+ * with both cores reading kept more of the memory's speed than the 16-row
+ * pass's fewer instructions did (Zen 5, 8B Q4_0 decode: 1.075x, every one
+ * of 8 interleaved rounds faster; docs/benchmarks.md). */
 VNNI static void vec_dot16_q4_0_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
 				     const void *w, size_t stride, const void *a, size_t a_stride)
 {
-	if (nt > ENG_DOT8_NT)
+	if (nt == 1) {
+		dot_q4_0_vnni(n, false, 8, 1, out, out_stride, w, stride, a, a_stride);
+		dot_q4_0_vnni(n, false, 8, 1, out + 8, out_stride, (const uint8_t *)w + 8 * stride,
+			      stride, a, a_stride);
+	} else if (nt > ENG_DOT8_NT) {
 		dot16_q4_0_many(n, false, nt, out, out_stride, w, stride, a, a_stride);
-	else
+	} else {
 		Q4_0_VNNI_NT(false, 16)
+	}
 }
 
 /* Q4_0_R16: the same kernel with loads for the transpose; the same bits. */
