@@ -337,69 +337,55 @@ VNNI static void vec_dot16_q4_0_r16_vnni(size_t n, unsigned nt, float *out, size
 /* ---- Q8_0 ------------------------------------------------------------- */
 
 /*
- * Eight Q8_0 rows with AVX-512 VNNI, each row bit-identical to
- * vec_dot_q8_0_q8_0: its own 8-lane float accumulator, one FMA per block
- * with d_x * d_y, the same hsum at the end.  The int32 lanes are ggml's
- * (lane j = elements 4j..4j+3), here from one vpdpbusd per row: the weights
- * biased to unsigned (x + 128), started from -128 * (the lane's y sum),
- * which all rows share.  Exact for any bytes.  Eight rows mean eight
- * independent FMA chains and the activation work done once; the rows are
- * prefetched linearly two calls ahead as for Q4_0 (272 bytes per block).
- * Decoding (one token) only: a prompt's tokens go to avx512_prompt_q8_0
- * (quant_avx512_prompt.c), two tokens a 512-bit vector (up to two at a time
- * here, a prompt ran at 0.58x llama.cpp's AVX-512 build).
+ * Q8_0 rows by one token (decoding) with AVX-512 VNNI, each row
+ * bit-identical to vec_dot_q8_0_q8_0: its own 8-lane float accumulator, one
+ * FMA per block with d_x * d_y, the same hsum at the end.  The int32 lanes
+ * are ggml's (lane j = elements 4j..4j+3), here from one vpdpbusd per row:
+ * the weights biased to unsigned (x + 128), started from -128 * (the lane's
+ * y sum), which the rows share.  Exact for any bytes.
+ *
+ * Q8_0_ROWS rows side by side: their FMA chains (4 cycles a block) run in
+ * parallel and share the activation's work, but each row is a stream of its
+ * own, 34-byte steps.  Two rows, not eight: on a Zen 5 with both cores
+ * reading, eight streams a core kept less of the memory's speed (8B Q8_0
+ * decode: two rows 1.057x eight, median of 8 interleaved rounds, 7 of them
+ * faster; four rows won only while the memory was slow; docs/benchmarks.md).
+ * The rows are prefetched linearly Q4_0_PREFETCH_ROWS ahead as for Q4_0.
+ * A prompt's tokens go to avx512_prompt_q8_0 (quant_avx512_prompt.c).
  */
-VNNI static inline __attribute__((always_inline)) void
-dot8_q8_0_vnni(size_t n, const unsigned nt, float *out, size_t out_stride, const uint8_t *rows,
-	       size_t stride, const uint8_t *act, size_t a_stride)
+#define Q8_0_ROWS 2
+
+VNNI static void dot_q8_0_rows(size_t n, float *out, const uint8_t *rows, size_t stride,
+			       const uint8_t *act)
 {
 	const __m256i bias = _mm256_set1_epi8((char)0x80);
-	__m256 acc[2][8];
+	__m256 acc[Q8_0_ROWS];
 
-	for (unsigned t = 0; t < nt; t++)
-		for (int r = 0; r < 8; r++)
-			acc[t][r] = _mm256_setzero_ps();
+	for (int r = 0; r < Q8_0_ROWS; r++)
+		acc[r] = _mm256_setzero_ps();
 	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
 		const uint8_t *pf = rows + Q4_0_PREFETCH_ROWS * stride +
-				    ((ib * 8 * sizeof(struct eng_block_q8_0)) & ~(size_t)63);
-		__m256i xq[8];
-		uint64_t d0 = 0, d1 = 0;
+				    ((ib * Q8_0_ROWS * sizeof(struct eng_block_q8_0)) & ~(size_t)63);
+		const struct eng_block_q8_0 *y = (const struct eng_block_q8_0 *)act + ib;
+		const __m256i qy = _mm256_loadu_si256((const void *)y->qs);
+		const __m256i base = _mm256_sub_epi32(
+			_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, qy));
+		const __m256 dy = fp16x8(y->d);
 
-		for (int r = 0; r < 8; r++) {
+		for (int l = 0; l < (Q8_0_ROWS * 34 + 63) / 64 + 1; l++)
+			_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+		for (int r = 0; r < Q8_0_ROWS; r++) {
 			const struct eng_block_q8_0 *x =
 				(const struct eng_block_q8_0 *)(rows + (size_t)r * stride) + ib;
+			const __m256i xq = _mm256_xor_si256(_mm256_loadu_si256((const void *)x->qs), bias);
+			const __m256 d = _mm256_mul_ps(fp16x8(x->d), dy);
 
-			xq[r] = _mm256_xor_si256(_mm256_loadu_si256((const void *)x->qs), bias);
-			if (r < 4)
-				d0 |= (uint64_t)x->d << (16 * r);
-			else
-				d1 |= (uint64_t)x->d << (16 * (r - 4));
-		}
-		for (int l = 0; l < 5; l++)
-			_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
-
-		const __m256 dx = _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0));
-
-		for (unsigned t = 0; t < nt; t++) {
-			const struct eng_block_q8_0 *y =
-				(const struct eng_block_q8_0 *)(act + t * a_stride) + ib;
-			const __m256i qy = _mm256_loadu_si256((const void *)y->qs);
-			const __m256i base = _mm256_sub_epi32(
-				_mm256_setzero_si256(),
-				_mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, qy));
-			const __m256 dd = _mm256_mul_ps(dx, fp16x8(y->d));
-
-			for (int r = 0; r < 8; r++) {
-				const __m256 d = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(r));
-				const __m256i p32 = _mm256_dpbusd_epi32(base, xq[r], qy);
-
-				acc[t][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p32), acc[t][r]);
-			}
+			acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(base, xq, qy)),
+						 acc[r]);
 		}
 	}
-	for (unsigned t = 0; t < nt; t++)
-		for (int r = 0; r < 8; r++)
-			out[t * out_stride + r] = hsum_f32x8(acc[t][r]);
+	for (int r = 0; r < Q8_0_ROWS; r++)
+		out[r] = hsum_f32x8(acc[r]);
 }
 
 /* ---- Q4_K, Q6_K ------------------------------------------------------- */
@@ -639,8 +625,9 @@ VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, 
 		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
 }
 
-/* Q8_0's vec_dotn: decoding, eight rows side by side (the rows a multiple of
- * eight leaves: the prompt kernel, which is as exact for one token). */
+/* Q8_0's vec_dotn: decoding, Q8_0_ROWS rows side by side (the rows a
+ * multiple of Q8_0_ROWS leaves: the prompt kernel, which is as exact for
+ * one token). */
 VNNI static void vec_dotn_q8_0_zmm(size_t n, unsigned nrows, unsigned nt, float *out,
 				   size_t out_stride, const void *w, size_t stride, const void *a,
 				   size_t a_stride)
@@ -648,9 +635,8 @@ VNNI static void vec_dotn_q8_0_zmm(size_t n, unsigned nrows, unsigned nt, float 
 	unsigned r = 0;
 
 	if (nt == 1)
-		for (; r + 8 <= nrows; r += 8)
-			dot8_q8_0_vnni(n, 1, out + r, out_stride, (const uint8_t *)w + r * stride,
-				       stride, a, a_stride);
+		for (; r + Q8_0_ROWS <= nrows; r += Q8_0_ROWS)
+			dot_q8_0_rows(n, out + r, (const uint8_t *)w + r * stride, stride, a);
 	if (r < nrows)
 		avx512_prompt_q8_0(n, nrows - r, nt, out + r, out_stride,
 				   (const uint8_t *)w + r * stride, stride, a, a_stride);
