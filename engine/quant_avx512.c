@@ -372,7 +372,7 @@ VNNI static void dot_q8_0_rows(size_t n, float *out, const uint8_t *rows, size_t
 			_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, qy));
 		const __m256 dy = fp16x8(y->d);
 
-		for (int l = 0; l < (Q8_0_ROWS * 34 + 63) / 64 + 1; l++)
+		for (int l = 0; l < (Q8_0_ROWS * (int)sizeof(struct eng_block_q8_0) + 63) / 64 + 1; l++)
 			_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
 		for (int r = 0; r < Q8_0_ROWS; r++) {
 			const struct eng_block_q8_0 *x =
