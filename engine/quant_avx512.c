@@ -313,9 +313,9 @@ VNNI static void vec_dot16_q4_0_vnni(size_t n, unsigned nt, float *out, size_t o
 				     const void *w, size_t stride, const void *a, size_t a_stride)
 {
 	if (nt == 1) {
-		dot_q4_0_vnni(n, false, 8, 1, out, out_stride, w, stride, a, a_stride);
-		dot_q4_0_vnni(n, false, 8, 1, out + 8, out_stride, (const uint8_t *)w + 8 * stride,
-			      stride, a, a_stride);
+		vec_dot8_q4_0_vnni(n, 1, out, out_stride, w, stride, a, a_stride);
+		vec_dot8_q4_0_vnni(n, 1, out + 8, out_stride, (const uint8_t *)w + 8 * stride, stride,
+				   a, a_stride);
 	} else if (nt > ENG_DOT8_NT) {
 		dot16_q4_0_many(n, false, nt, out, out_stride, w, stride, a, a_stride);
 	} else {

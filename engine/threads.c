@@ -2,11 +2,11 @@
  * threads.c - the worker pool behind eng_pool_run().
  *
  * Protocol: the caller publishes fn/arg, then bumps `gen` (release) and wakes
- * the futex.  Each worker waits for `gen` to change (spinning SPIN_ITERS
- * pauses first, since ops follow one another closely: 0.4 ms on a Xeon of
- * 2023 and 0.5 ms on an AMD EPYC of 2024 (Zen 5), both VMs here, whose
- * pauses are long; less on CPUs with short ones; then sleeping in FUTEX_WAIT), runs
- * its share, and decrements `pending`; the last one to finish wakes the
+ * the futex.  Each worker waits for `gen` to change: it spins SPIN_ITERS
+ * pauses first, since ops follow one another closely (0.4 ms on a Xeon of
+ * 2023 and 0.5 ms on an AMD EPYC of 2024, Zen 5, both VMs here, whose pauses
+ * are long; less on CPUs with short ones), then sleeps in FUTEX_WAIT.  It
+ * runs its share and decrements `pending`; the last one to finish wakes the
  * caller.  The caller runs share 0 itself, so a pool of one thread has no
  * workers and no synchronization at all.
  */
