@@ -14,7 +14,8 @@ cache:
                BATCH positions, its time set against a one-token decode pass
                of the run above (the cost of verifying BATCH drafts at once;
                --batch 0 leaves it out, and --prompt 0 the prompt: e.g. decode
-               alone, --prompt 0 --batch 0 --tokens 32);
+               alone, --prompt 0 --batch 0 --tokens 32; prompts alone,
+               --tokens 0 --batch 0);
   llama NAME   `llama-bench -m M -p PROMPT -n TOKENS -r 1` of each build given
                (e.g. default=/work/llama/build-default/bin/llama-bench,
                avx2=/work/llama/build-avx2-default/bin/llama-bench; with LIBDIR,
@@ -46,6 +47,8 @@ ap.add_argument("--prompt", type=int, default=64)
 ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--batch", type=int, default=8)
 a = ap.parse_args()
+if a.batch and not a.tokens:
+    ap.error("--batch sets a pass against a decode token: it needs --tokens (or --batch 0)")
 isas = a.isa.split(",")
 llamas = {n: (p, lib) for n, p, lib in map(llama_spec, a.llama)}
 
@@ -77,9 +80,10 @@ for rep in range(a.reps):
             j = strata(m, isa, a.prompt, a.tokens)
             r = runs.setdefault((name, "strata " + isa), {"prompt": [], "decode": [], "pass": []})
             r["prompt"].append(j["prompt_tps"] if a.prompt else None)
-            r["decode"].append(j["decode_tps"])
-            line = f"prompt {j['prompt_tps']:.2f}, " if a.prompt else ""
-            line += f"decode {j['decode_tps']:.2f} tok/s"
+            r["decode"].append(j["decode_tps"] if a.tokens else None)
+            parts = [f"prompt {j['prompt_tps']:.2f}"] if a.prompt else []
+            parts += [f"decode {j['decode_tps']:.2f}"] if a.tokens else []
+            line = ", ".join(parts) + " tok/s"
             if a.batch:
                 b = strata(m, isa, a.batch, 0)
                 # seconds of one BATCH-position pass over seconds of one token
@@ -98,9 +102,10 @@ for rep in range(a.reps):
                 continue
             r = runs.setdefault((name, "llama.cpp " + lname), {"prompt": [], "decode": []})
             r["prompt"].append(j.get("prompt"))
-            r["decode"].append(j["decode"])
-            line = f"prompt {j['prompt']:.2f}, " if a.prompt else ""
-            print(f"rep {rep + 1} {name} llama.cpp {lname}: {line}decode {j['decode']:.2f} tok/s",
+            r["decode"].append(j.get("decode"))
+            parts = [f"prompt {j['prompt']:.2f}"] if a.prompt else []
+            parts += [f"decode {j['decode']:.2f}"] if a.tokens else []
+            print(f"rep {rep + 1} {name} llama.cpp {lname}: {', '.join(parts)} tok/s",
                   file=sys.stderr)
 
 
