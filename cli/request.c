@@ -79,7 +79,8 @@ static bool get(json_object *o, const char *key, json_type t, json_object **out)
 	if (!json_object_object_get_ex(o, key, &x) || !x)
 		return false;
 	*out = x;
-	return json_object_is_type(x, t) || (t == json_type_double && json_object_is_type(x, json_type_int));
+	return json_object_is_type(x, t) ||
+	       (t == json_type_double && json_object_is_type(x, json_type_int));
 }
 
 /* A message's content: a string, or an array of {"type": "text", "text"}

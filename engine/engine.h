@@ -111,7 +111,8 @@ const struct eng_tokenizer *eng_model_tokenizer(const struct eng_model *m);
 const struct gguf *eng_model_gguf(const struct eng_model *m);
 /* Bytes of weights the forward pass reads for one decoded token: every
  * matrix, norm and bias once, one embedding row (0 for a vocabulary-only
- * model); of a mixture of experts the router and the used experts only.  Memory bandwidth divided by this bounds decode tok/s. */
+ * model); of a mixture of experts the router and the used experts only.
+ * Memory bandwidth divided by this bounds decode tok/s. */
 uint64_t eng_model_token_bytes(const struct eng_model *m);
 
 /*

@@ -514,7 +514,8 @@ VBMI static inline float q4_k_finish(__m256 acc, __m128 acc_m)
 }
 
 /* One row against one activation row. */
-VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x, const struct eng_block_q8_k *y)
+VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x,
+			    const struct eng_block_q8_k *y)
 {
 	__m256 acc = _mm256_setzero_ps();
 	__m128 acc_m = _mm_setzero_ps();

@@ -14,7 +14,8 @@
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 /* Needs AVX-512BW and VBMI besides VNNI (vpermb, vpermt2b): kernels with it
  * are chosen at start-up only where the CPU has them. */
-#define VBMI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vbmi,avx512vnni")))
+#define VBMI                                                                                       \
+	__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vbmi,avx512vnni")))
 
 /*
  * The 12 scale bytes b0..b11 (loaded with the 4 bytes after them) to

@@ -372,9 +372,10 @@ VBMI void avx512_prompt_q6_k(size_t n, unsigned nrows, unsigned nt, float *out, 
 }
 
 /*
- * Q8_0 by a prompt's tokens (vec_dotn, for two tokens or more), two tokens a 512-bit vector as for the K-quants (avx512_prompt_q4_k): each
- * row and token bit-identical to dot8_q8_0_vnni, whose lane k of a block is
- * the exact sum of elements 4k..4k+3, converted and added to its float lane
+ * Q8_0 by a prompt's tokens (vec_dotn, for two tokens or more), two tokens a
+ * 512-bit vector as for the K-quants (avx512_prompt_q4_k): each row and
+ * token bit-identical to dot8_q8_0_vnni, whose lane k of a block is the
+ * exact sum of elements 4k..4k+3, converted and added to its float lane
  * with d = x.d * y.d by one FMA.  A row's block, biased to unsigned
  * (x + 128), is broadcast to both halves once for all the tokens, and one
  * vpdpbusd, started from the pair's -128 * (lane sums of y), leaves both

@@ -662,7 +662,8 @@ static int watch_fd(struct pager *p, int fd, uint64_t data)
 
 int pager_fuse_start(struct pager *p, const char *dir, char *err, size_t errlen)
 {
-	char *argv[] = { "stratad", "-o", "ro,default_permissions,allow_other,fsname=strata,subtype=strata", NULL };
+	char *argv[] = { "stratad", "-o",
+			 "ro,default_permissions,allow_other,fsname=strata,subtype=strata", NULL };
 	struct fuse_args args = FUSE_ARGS_INIT(3, argv);
 	struct pager_fuse *f;
 	unsigned maj, min;

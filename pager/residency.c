@@ -250,7 +250,8 @@ void pager_declare(struct client *c, uint64_t bytes)
 	d = pager_declared_connected(p);
 	if (d)
 		p->declared_hold = d;
-	pager_log(PAGER_LOG_NOTICE, "client pid %d declares %.1f MiB of its own (engines: %.1f MiB in all)",
+	pager_log(PAGER_LOG_NOTICE,
+		  "client pid %d declares %.1f MiB of its own (engines: %.1f MiB in all)",
 		  (int)c->pid, bytes / 1048576.0, pager_declared(p) / 1048576.0);
 	pager_replan(p);
 }

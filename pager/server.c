@@ -174,8 +174,8 @@ static void on_hello(struct client *c, const struct proto_msg *msg)
 	c->declared = msg->u.hello.declared;
 	m = find_model(p, msg->u.hello.name, name_len);
 	if (!m) {
-		send_error(c->fd, ENOENT, "model '%.*s' is not served here", (int)(name_len > 200 ? 200 : name_len),
-			   msg->u.hello.name);
+		send_error(c->fd, ENOENT, "model '%.*s' is not served here",
+			   (int)(name_len > 200 ? 200 : name_len), msg->u.hello.name);
 		pager_drop_client(c, "it asked for a model not served");
 		return;
 	}

@@ -6,10 +6,11 @@
  * about 4.3 GiB) that no test fixture carries.  This tool writes a valid GGUF
  * v3 file of the llama, qwen3, gemma2, gemma3, phi3, qwen35 or qwen3moe
  * architecture with random weights and a synthetic SentencePiece vocabulary,
- * which the engine loads and runs like a downloaded model: tensor names, shapes, types and metadata follow what llama.cpp
- * writes, and the weight scales keep activations bounded so a forward pass
- * gives finite logits.  The text it generates is noise; speed and memory
- * behaviour are what it is for.
+ * which the engine loads and runs like a downloaded model: tensor names,
+ * shapes, types and metadata follow what llama.cpp writes, and the weight
+ * scales keep activations bounded so a forward pass gives finite logits.
+ * The text it generates is noise; speed and memory behaviour are what it is
+ * for.
  *
  * The file is laid out as token_embd, then every layer's tensors together in
  * layer order (each layer one contiguous extent, which is what the pager
