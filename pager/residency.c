@@ -294,6 +294,21 @@ uint64_t pager_allowance(const struct model *m)
 #define SLOT_RANGES PROTO_REMAP_MAX
 #define SLOTS_EXPERTS_MAX 8192u
 
+/* The memfd's and the slots' future pages on m->node (pager_place), if it
+ * has one. */
+static void place_on_node(struct model *m)
+{
+#ifdef HAVE_NUMA
+	if (m->node < 0)
+		return;
+	numa_tonode_memory(m->map, m->lay->map_size, m->node);
+	if (m->slot_map)
+		numa_tonode_memory(m->slot_map, m->n_slots * m->slot_size, m->node);
+#else
+	(void)m;
+#endif
+}
+
 int pager_slots_create(struct model *m)
 {
 	struct pager_extent own[SLOT_RANGES];
@@ -336,6 +351,7 @@ int pager_slots_create(struct model *m)
 	}
 	for (unsigned s = 0; s < m->n_slots; s++)
 		m->slot_unit[s] = -1;
+	place_on_node(m); /* pager_place ran before the slots existed */
 	return 0;
 }
 
@@ -889,11 +905,11 @@ void pager_policy_advance(struct model *m)
 
 /*
  * Bind the model's image to the node process pid runs on, and issue the
- * reads from there: new pages of the memfd come from that node (pages
- * already read stay where they are; moving them would cost more than the
- * remote reads they save).  Called at start-up for the daemon itself and
- * again for a model's first client.  A no-op without libnuma or on a
- * one-node machine.
+ * reads from there: new pages of the memfd, and of the streaming slots,
+ * come from that node (pages already read stay where they are; moving them
+ * would cost more than the remote reads they save).  Called at start-up for
+ * the daemon itself and again for a model's first client.  A no-op without
+ * libnuma or on a one-node machine.
  */
 void pager_place(struct model *m, pid_t pid)
 {
@@ -922,7 +938,7 @@ void pager_place(struct model *m, pid_t pid)
 	if (node < 0 || node == m->node)
 		return;
 	m->node = node;
-	numa_tonode_memory(m->map, m->lay->map_size, node);
+	place_on_node(m);
 	numa_run_on_node(node);
 	pager_log(PAGER_LOG_INFO, "%s: memory and reads on node %d (pid %d runs there)", m->name,
 		  node, (int)pid);
