@@ -236,6 +236,7 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 	    const unsigned tn, float *out, size_t out_stride)
 {
 	const __m256i m32 = _mm256_set1_epi8(32), u128 = _mm256_set1_epi8((char)0x80);
+	const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
 	__m256 acc[KR_TOKENS];
 	/* pack8_q8_k's parts of each token's packed row */
@@ -259,23 +260,41 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
 					      : _mm256_permute4x64_epi64(sc16, 0x44);
-			__m256i q[4];
+			const __m256i b1 = _mm256_loadu_si256((const void *)(x[i].ql + 64 * h));
+			const __m256i b2 = _mm256_loadu_si256((const void *)(x[i].ql + 64 * h + 32));
+			const __m256i bh = _mm256_loadu_si256((const void *)(x[i].qh + 32 * h));
+			const __m256i bh2 = _mm256_srli_epi16(bh, 2);
+			/* q6_k_unpack's quants of chunks 4h .. 4h + 3, already in
+			 * k4_pair order: pairing moves whole 16-bit words, so it
+			 * can come first, once for both pairs of chunks (ql's low
+			 * nibbles are chunks 4h and 4h + 1, its high ones 4h + 2
+			 * and 4h + 3; qh's 2-bit fields 0, 1, 2, 3 in that order) */
+			const __m256i la = k4_pair_a(b1, b2), lb = k4_pair_b(b1, b2);
+			const __m256i ha = k4_pair_a(bh, bh2), hb = k4_pair_b(bh, bh2);
 
-			q6_k_unpack(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
 			/* chunks 2c, 2c + 1 (32 elements each; 16 a scale) share
-			 * a madd, as Q4_K's sub-blocks: dword k of the scales is
+			 * a madd (k4_pair_a): dword k of the scales is
 			 * [sc_4c, sc_4c+2] in the low half, [sc_4c+1, sc_4c+3]
 			 * in the high one (of sch's eight) */
 			for (int c = 0; c < 2; c++) {
 				const __m256i sp = _mm256_shuffle_epi8(sch, _mm256_set_m128i(
 					_mm_set1_epi32(0x07060302 + 0x08080808 * c),
 					_mm_set1_epi32(0x05040100 + 0x08080808 * c)));
-				const __m256i q0 = _mm256_sub_epi8(q[2 * c], m32);
-				const __m256i q1 = _mm256_sub_epi8(q[2 * c + 1], m32);
-				const __m256i qa = k4_pair_a(q0, q1), qb = k4_pair_b(q0, q1);
+				/* the quants minus 32: (low 4 bits | high 2 << 4) - 32 */
+				const __m256i qa = _mm256_sub_epi8(
+					_mm256_or_si256(
+						_mm256_and_si256(c ? _mm256_srli_epi16(la, 4) : la, m4),
+						_mm256_and_si256(c ? ha : _mm256_slli_epi16(ha, 4), m30)),
+					m32);
+				const __m256i qb = _mm256_sub_epi8(
+					_mm256_or_si256(
+						_mm256_and_si256(c ? _mm256_srli_epi16(lb, 4) : lb, m4),
+						_mm256_and_si256(c ? hb : _mm256_slli_epi16(hb, 4), m30)),
+					m32);
 
-				corr = KR_DPWSSD(corr, _mm256_add_epi16(_mm256_maddubs_epi16(u128, qa),
-									_mm256_maddubs_epi16(u128, qb)),
+				/* 128 (qa + qb) in pairs: the sum of the two maddubs
+				 * (the bytes add up within -64..62) */
+				corr = KR_DPWSSD(corr, _mm256_maddubs_epi16(u128, _mm256_add_epi8(qa, qb)),
 						 sp);
 				for (unsigned t = 0; t < tn; t++) {
 					const uint8_t *yk = yu[t] + ENG_QK_K * i + 128 * h + 64 * c;
