@@ -130,7 +130,8 @@ def ratio(s, l):
 
 print(f"{a.reps} interleaved rounds, {a.threads} threads, prompt {a.prompt}, decode {a.tokens}; "
       f"pass: one pass over {a.batch} positions / one decode token.\n")
-print(f"| model | engine | {a.prompt}-token prompt tok/s | decode tok/s | {a.batch}-position pass |")
+pass_col = f"{a.batch}-position pass" if a.batch else "pass"
+print(f"| model | engine | {a.prompt}-token prompt tok/s | decode tok/s | {pass_col} |")
 print("|---|---|---|---|---|")
 for (name, eng), r in runs.items():
     p = fmt(r["pass"]) + "x" if r.get("pass") else ""
