@@ -979,6 +979,7 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 #define KR_DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #define KR_DOT1_Q4_K(n, out, w, a) dot_q45_k(n, out, w, a, false)
 #define KR_DOT1_Q6_K vec_dot_q6_k_q8_k
+#define KR_DOT1_Q5_K vec_dot_q5_k_q8_k /* only this set's copy has Q5_K */
 #include "quant_krows_tmpl.h"
 
 /* ---- the table -------------------------------------------------------- */
@@ -1014,6 +1015,7 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q4_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k;
+	avx2.vec_dot8[ENG_TYPE_Q5_K] = vec_dot8_q5_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q5_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k;
 	avx2.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_avx2;

@@ -342,8 +342,127 @@ KR_ATTR static void KR_NAME(vec_dot8_q6_k_q8_k)(size_t n, unsigned nt, float *ou
 	}
 }
 
+#ifdef KR_DOT1_Q5_K
+/*
+ * Q5_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
+ * token bit-identical to the set's one-row kernel (dot_q45_k: ggml's
+ * lanes, and the mins summed to one integer a block, dmin times that
+ * added to a scalar).  It reads the Q8_K rows themselves, at the start of
+ * what matmul passes (pack8_q8_k copies them there; a set without a pack8
+ * for Q5_K passes them as they are), so each block's 5-bit quants and
+ * scales are made once for up to eight tokens; per token and 64 elements
+ * that leaves two loads, two maddubs, two madds and two adds, and per token
+ * and block the mins' integer sum and two scalar steps.
+ */
+KR_ATTR static inline __attribute__((always_inline)) void
+KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *act, size_t a_stride,
+		     const unsigned tn, float *out, size_t out_stride)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
+	const struct eng_block_q8_k *y[KR_TOKENS];
+	__m256 acc[KR_TOKENS];
+	float summs[KR_TOKENS];
+
+	for (unsigned t = 0; t < tn; t++) {
+		y[t] = (const struct eng_block_q8_k *)(act + t * a_stride);
+		acc[t] = _mm256_setzero_ps();
+		summs[t] = 0.0f;
+	}
+	for (size_t i = 0; i < nb; i++) {
+		const __m128i sm = k4_scales_mins_ssse3(x[i].scales);
+		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
+		const __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
+		const __m256i hbits = _mm256_loadu_si256((const void *)x[i].qh);
+		const float xd = fp16(x[i].d), xdmin = fp16(x[i].dmin);
+		/* (scale j, scale j) for j = 0..7, broadcast by loads as
+		 * dot_q45_k does */
+		uint32_t pairs[8] __attribute__((aligned(16)));
+		__m256i sumi[KR_TOKENS];
+
+		_mm_store_si128((void *)pairs, _mm_unpacklo_epi16(sc16, sc16));
+		_mm_store_si128((void *)(pairs + 4), _mm_unpackhi_epi16(sc16, sc16));
+
+		for (int l = 0; l < 3; l++)
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+		for (unsigned t = 0; t < tn; t++)
+			sumi[t] = _mm256_setzero_si256();
+		for (int j = 0; j < ENG_QK_K / 64; j++) {
+			const __m256i scale_l = _mm256_set1_epi32((int)pairs[2 * j]);
+			const __m256i scale_h = _mm256_set1_epi32((int)pairs[2 * j + 1]);
+			const __m256i bits = _mm256_loadu_si256((const void *)(x[i].qs + 32 * j));
+			const __m256i bl = _mm256_set1_epi8((char)(1u << (2 * j)));
+			const __m256i bh = _mm256_set1_epi8((char)(1u << (2 * j + 1)));
+			/* the nibbles, and the fifth bit from qh as 16 */
+			const __m256i ql = _mm256_or_si256(
+				_mm256_and_si256(bits, m4),
+				_mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bl), bl),
+						 sixteen));
+			const __m256i qh = _mm256_or_si256(
+				_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+				_mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bh), bh),
+						 sixteen));
+
+			for (unsigned t = 0; t < tn; t++) {
+				const int8_t *q8 = y[t][i].qs + 64 * j;
+				const __m256i p = _mm256_add_epi32(
+					_mm256_madd_epi16(_mm256_maddubs_epi16(
+								  ql, _mm256_loadu_si256((const void *)q8)),
+							  scale_l),
+					_mm256_madd_epi16(
+						_mm256_maddubs_epi16(
+							qh, _mm256_loadu_si256((const void *)(q8 + 32))),
+						scale_h));
+
+				sumi[t] = _mm256_add_epi32(sumi[t], p);
+				KR_KEEP(sumi[t]);
+			}
+		}
+		for (unsigned t = 0; t < tn; t++) {
+			const __m256i bs = _mm256_loadu_si256((const void *)y[t][i].bsums);
+			const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+							   _mm256_extracti128_si256(bs, 1));
+			__m128i m = _mm_madd_epi16(mn16, q8s);
+
+			m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
+			m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 1));
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t][i].d * xd),
+						 _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+			summs[t] = fmaf(-y[t][i].d * xdmin, (float)_mm_cvtsi128_si32(m), summs[t]);
+		}
+	}
+	for (unsigned t = 0; t < tn; t++)
+		out[t * out_stride] = hsum_f32x8(acc[t]) + summs[t];
+}
+
+KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *out,
+						 size_t out_stride, const void *w, size_t stride,
+						 const void *a, size_t a_stride)
+{
+	if (nt == 1) { /* decoding: nothing to share, the one-row kernel */
+		for (int r = 0; r < 8; r++)
+			KR_DOT1_Q5_K(n, out + r, (const uint8_t *)w + (size_t)r * stride, a);
+		return;
+	}
+	for (int r = 0; r < 8; r++) {
+		const struct eng_block_q5_k *x =
+			(const void *)((const uint8_t *)w + (size_t)r * stride);
+
+		for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
+			const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
+			float *o = out + t0 * out_stride + r;
+
+#define CALL(tn) KR_NAME(q5_k_row_tn)(x, n / ENG_QK_K, y, a_stride, tn, o, out_stride)
+			KR_SWITCH(nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS, CALL)
+#undef CALL
+		}
+	}
+}
+#endif
+
 #undef KR_ATTR
 #undef KR_NAME
 #undef KR_DPWSSD
 #undef KR_DOT1_Q4_K
 #undef KR_DOT1_Q6_K
+#undef KR_DOT1_Q5_K
