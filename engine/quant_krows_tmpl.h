@@ -9,6 +9,8 @@
  *                        VNNI does in one instruction (integers: exact in
  *                        any order, so both sets give the same lanes)
  *   KR_DOT1_Q4_K, KR_DOT1_Q6_K  the set's one-row vec_dot, for one token
+ *   KR_DOT1_Q5_K         the same, where the set wants the Q5_K kernel (only
+ *                        the AVX2 one: the others take that copy)
  * Each row and token is bit-identical to the set's vec_dot: the same int32
  * lanes, the same float steps in the same order, block after block.
  */
