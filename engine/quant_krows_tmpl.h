@@ -352,13 +352,15 @@ KR_ATTR static void KR_NAME(vec_dot8_q6_k_q8_k)(size_t n, unsigned nt, float *ou
  * added to a scalar).  It reads the Q8_K rows themselves, at the start of
  * what matmul passes (pack8_q8_k copies them there; a set without a pack8
  * for Q5_K passes them as they are), so each block's 5-bit quants and
- * scales are made once for up to eight tokens; per token and 64 elements
- * that leaves two loads, two maddubs, two madds and two adds, and per token
- * and block the mins' integer sum and two scalar steps.
+ * scales are made once for up to eight tokens, and the tokens' y.d and
+ * paired bsums once a call for all eight rows (kr_q4_k_table, as for Q4_K);
+ * per token and 64 elements that leaves two loads, two maddubs, two madds
+ * and two adds, and per token and block the mins' integer sum and two
+ * scalar steps.
  */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *act, size_t a_stride,
-		     const unsigned tn, float *out, size_t out_stride)
+		     const struct kr_q4_k_tab *T, const unsigned tn, float *out, size_t out_stride)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
@@ -421,16 +423,12 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 			}
 		}
 		for (unsigned t = 0; t < tn; t++) {
-			const __m256i bs = _mm256_loadu_si256((const void *)y[t][i].bsums);
-			const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
-							   _mm256_extracti128_si256(bs, 1));
-			__m128i m = _mm_madd_epi16(mn16, q8s);
+			const __m128i m = _mm_madd_epi16(
+				mn16, _mm_loadu_si128((const void *)T[i].q8s[t]));
 
-			m = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
-			m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 1));
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t][i].d * xd),
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(T[i].d[t] * xd),
 						 _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-			summs[t] = fmaf(-y[t][i].d * xdmin, (float)_mm_cvtsi128_si32(m), summs[t]);
+			summs[t] = fmaf(-T[i].d[t] * xdmin, (float)hsum_i32x4(m), summs[t]);
 		}
 	}
 	for (unsigned t = 0; t < tn; t++)
@@ -441,21 +439,29 @@ KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *ou
 						 size_t out_stride, const void *w, size_t stride,
 						 const void *a, size_t a_stride)
 {
-	if (nt == 1) { /* decoding: nothing to share, the one-row kernel */
+	const size_t nb = n / ENG_QK_K;
+
+	if (nt == 1 || nb > KR_TABLE_BLOCKS) { /* decoding, or longer than the table */
 		for (int r = 0; r < 8; r++)
-			KR_DOT1_Q5_K(n, out + r, (const uint8_t *)w + (size_t)r * stride, a);
+			for (unsigned t = 0; t < nt; t++)
+				KR_DOT1_Q5_K(n, out + t * out_stride + r,
+					     (const uint8_t *)w + (size_t)r * stride,
+					     (const uint8_t *)a + t * a_stride);
 		return;
 	}
-	for (int r = 0; r < 8; r++) {
-		const struct eng_block_q5_k *x =
-			(const void *)((const uint8_t *)w + (size_t)r * stride);
+	for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
+		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
+		const unsigned tn = nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS;
+		struct kr_q4_k_tab T[KR_TABLE_BLOCKS];
 
-		for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
-			const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
+		KR_NAME(kr_q4_k_table)(T, y, a_stride, tn, nb);
+		for (int r = 0; r < 8; r++) {
+			const struct eng_block_q5_k *x =
+				(const void *)((const uint8_t *)w + (size_t)r * stride);
 			float *o = out + t0 * out_stride + r;
 
-#define CALL(tn) KR_NAME(q5_k_row_tn)(x, n / ENG_QK_K, y, a_stride, tn, o, out_stride)
-			KR_SWITCH(nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS, CALL)
+#define CALL(tn) KR_NAME(q5_k_row_tn)(x, nb, y, a_stride, T, tn, o, out_stride)
+			KR_SWITCH(tn, CALL)
 #undef CALL
 		}
 	}
