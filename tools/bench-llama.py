@@ -71,6 +71,13 @@ def llama(spec, model):
         return llama_bench(spec[0], model, a.prompt, a.tokens, a.threads, spec[1])
 
 
+def speeds(prompt, decode):
+    """"prompt P, decode D tok/s", of the parts this run measures."""
+    parts = [f"prompt {prompt:.2f}"] if a.prompt else []
+    parts += [f"decode {decode:.2f}"] if a.tokens else []
+    return ", ".join(parts) + " tok/s"
+
+
 runs = {}  # (model, engine) -> {"prompt": [...], "decode": [...], "pass": [...]}
 dead = {}  # llama.cpp build -> why it failed: left out of the rest of the run
 for rep in range(a.reps):
@@ -81,9 +88,7 @@ for rep in range(a.reps):
             r = runs.setdefault((name, "strata " + isa), {"prompt": [], "decode": [], "pass": []})
             r["prompt"].append(j["prompt_tps"] if a.prompt else None)
             r["decode"].append(j["decode_tps"] if a.tokens else None)
-            parts = [f"prompt {j['prompt_tps']:.2f}"] if a.prompt else []
-            parts += [f"decode {j['decode_tps']:.2f}"] if a.tokens else []
-            line = ", ".join(parts) + " tok/s"
+            line = speeds(j.get("prompt_tps"), j.get("decode_tps"))
             if a.batch:
                 b = strata(m, isa, a.batch, 0)
                 # seconds of one BATCH-position pass over seconds of one token
@@ -103,10 +108,8 @@ for rep in range(a.reps):
             r = runs.setdefault((name, "llama.cpp " + lname), {"prompt": [], "decode": []})
             r["prompt"].append(j.get("prompt"))
             r["decode"].append(j.get("decode"))
-            parts = [f"prompt {j['prompt']:.2f}"] if a.prompt else []
-            parts += [f"decode {j['decode']:.2f}"] if a.tokens else []
-            print(f"rep {rep + 1} {name} llama.cpp {lname}: {', '.join(parts)} tok/s",
-                  file=sys.stderr)
+            line = speeds(j.get("prompt"), j.get("decode"))
+            print(f"rep {rep + 1} {name} llama.cpp {lname}: {line}", file=sys.stderr)
 
 
 def med(v):
