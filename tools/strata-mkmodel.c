@@ -140,7 +140,7 @@ static const struct shape shapes[] = {
 #define N_SHAPES (sizeof(shapes) / sizeof(shapes[0]))
 
 /* Which tensor gets which type is decided in tensor_type(). */
-enum mix { MIX_F16, MIX_Q8_0, MIX_Q4_0, MIX_Q4_K_M, MIX_Q6_K };
+enum mix { MIX_F16, MIX_Q8_0, MIX_Q4_0, MIX_Q4_K_M, MIX_Q5_K_M, MIX_Q6_K };
 
 struct mixinfo {
 	const char *name;
@@ -153,6 +153,7 @@ static const struct mixinfo mixes[] = {
 	{ "q8_0", MIX_Q8_0, 7 },
 	{ "q4_0", MIX_Q4_0, 2 },
 	{ "q4_k_m", MIX_Q4_K_M, 15 },
+	{ "q5_k_m", MIX_Q5_K_M, 17 },
 	{ "q6_k", MIX_Q6_K, 18 },
 };
 #define N_MIXES (sizeof(mixes) / sizeof(mixes[0]))
@@ -175,6 +176,8 @@ static struct typeinfo typeinfo(uint32_t type)
 		return (struct typeinfo){ "Q8_0", ENG_QK8_0, sizeof(struct eng_block_q8_0) };
 	case ENG_TYPE_Q4_K:
 		return (struct typeinfo){ "Q4_K", ENG_QK_K, sizeof(struct eng_block_q4_k) };
+	case ENG_TYPE_Q5_K:
+		return (struct typeinfo){ "Q5_K", ENG_QK_K, sizeof(struct eng_block_q5_k) };
 	case ENG_TYPE_Q6_K:
 		return (struct typeinfo){ "Q6_K", ENG_QK_K, sizeof(struct eng_block_q6_k) };
 	}
@@ -208,6 +211,15 @@ static uint32_t tensor_type(enum mix mix, const char *role, uint32_t layer, uint
 		    use_more_bits(layer, n_layer))
 			return ENG_TYPE_Q6_K;
 		return ENG_TYPE_Q4_K;
+	case MIX_Q5_K_M:
+		/* llama.cpp's Q5_K_M: Q4_K_M's rule, and a fused QKV always Q6_K */
+		if (!strcmp(role, "output") || !strcmp(role, "attn_qkv"))
+			return ENG_TYPE_Q6_K;
+		if ((!strcmp(role, "attn_v") || !strcmp(role, "ffn_down") ||
+		     !strcmp(role, "ffn_down_exps")) &&
+		    use_more_bits(layer, n_layer))
+			return ENG_TYPE_Q6_K;
+		return ENG_TYPE_Q5_K;
 	}
 	return ENG_TYPE_F32;
 }
@@ -318,7 +330,7 @@ static inline unsigned rng_bit(struct rng *r)
  * inputs, which grows with the row length instead of its square root.
  */
 struct scales {
-	uint16_t q4_0_d[2], q8_0_d, q4_k_d, q6_k_d;
+	uint16_t q4_0_d[2], q8_0_d, q4_k_d, q5_k_d, q6_k_d;
 	uint16_t f16[1021]; /* Irwin-Hall sum of 4 bytes (0..1020) -> fp16 */
 };
 
@@ -337,6 +349,9 @@ static void scales_init(double std)
 	/* Q4_K: d*sc*q - dmin*m with dmin = d, sc = 2k, m = 15k (k 1..4) is
 	 * d*2k*(q - 7.5): zero mean, E[4k^2] * E[(q-7.5)^2] = 30 * 21.25 */
 	sc.q4_k_d = fp32_to_fp16((float)(std / 25.249));
+	/* Q5_K: the same with q 0..31, sc = 2k and m = 31k (k 1..2: m has 6
+	 * bits), d*2k*(q - 15.5): E[4k^2] * E[(q-15.5)^2] = 10 * 85.25 */
+	sc.q5_k_d = fp32_to_fp16((float)(std / 29.198));
 	/* Q6_K: d * s * (q - 32), s uniform -16..15 (E[s^2] = 85.5), q uniform
 	 * 0..63 (E[(q-32)^2] = 341.5).  Full-range int8 scales would need d in
 	 * fp16's subnormal range. */
@@ -418,6 +433,26 @@ static void gen_q4_k(struct rng *r, uint8_t *dst, size_t n)
 	}
 }
 
+static void gen_q5_k(struct rng *r, uint8_t *dst, size_t n)
+{
+	for (size_t i = 0; i < n; i++, dst += sizeof(struct eng_block_q5_k)) {
+		uint64_t v = rng_next(r);
+		uint8_t s[8], m[8];
+
+		for (int j = 0; j < 8; j++, v >>= 1) {
+			uint8_t k = (uint8_t)((v & 1) + 1);
+
+			s[j] = (uint8_t)(2 * k);
+			m[j] = (uint8_t)(31 * k);
+		}
+		memcpy(dst + offsetof(struct eng_block_q5_k, d), &sc.q5_k_d, 2);
+		memcpy(dst + offsetof(struct eng_block_q5_k, dmin), &sc.q5_k_d, 2);
+		pack_scale_min_k4(s, m, dst + offsetof(struct eng_block_q5_k, scales));
+		fill_random(r, dst + offsetof(struct eng_block_q5_k, qh), ENG_QK_K / 8);
+		fill_random(r, dst + offsetof(struct eng_block_q5_k, qs), ENG_QK_K / 2);
+	}
+}
+
 static void gen_q6_k(struct rng *r, uint8_t *dst, size_t n)
 {
 	for (size_t i = 0; i < n; i++, dst += sizeof(struct eng_block_q6_k)) {
@@ -445,6 +480,8 @@ static gen_fn generator(uint32_t type)
 		return gen_q8_0;
 	case ENG_TYPE_Q4_K:
 		return gen_q4_k;
+	case ENG_TYPE_Q5_K:
+		return gen_q5_k;
 	case ENG_TYPE_Q6_K:
 		return gen_q6_k;
 	}
@@ -1141,7 +1178,7 @@ static const char usage_text[] =
 	"\n"
 	"Writes a GGUF v3 llama model of a real shape with random weights, for\n"
 	"benchmarks.  Shapes: tiny, small, llama-1b, ... qwen3moe-30b-a3b\n"
-	"(--list shows them).  Types: f16, q8_0, q4_0, q4_k_m, q6_k.\n"
+	"(--list shows them).  Types: f16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k.\n"
 	"--layers, --vocab and --ctx override the shape's values; the seed\n"
 	"(default 1) makes the file reproducible.  --out-gain G scales every\n"
 	"layer's output projections (attn_output, ffn_down) by G: a small G makes\n"
@@ -1276,7 +1313,7 @@ int main(int argc, char **argv)
 					mix = &mixes[i];
 			if (!mix) {
 				snprintf(why, sizeof(why),
-					 "unknown type '%.40s' (f16, q8_0, q4_0, q4_k_m, q6_k)",
+					 "unknown type '%.40s' (f16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k)",
 					 optarg);
 				return usage(why);
 			}
