@@ -414,21 +414,30 @@ static void pack_scale_min_k4(const uint8_t s[8], const uint8_t m[8], uint8_t q[
 	}
 }
 
+/* A Q4_K or Q5_K block's eight sub-block scales and mins: scale 2k and min
+ * mid * 2k for a random k of 1..levels (levels a power of two), so that
+ * d*scale*q - dmin*min with dmin = d has zero mean (scales_init). */
+static void gen_scales_mins(struct rng *r, unsigned levels, unsigned mid2, uint8_t q[12])
+{
+	uint64_t v = rng_next(r);
+	uint8_t s[8], m[8];
+
+	for (int j = 0; j < 8; j++, v /= levels) {
+		uint8_t k = (uint8_t)(v % levels + 1);
+
+		s[j] = (uint8_t)(2 * k);
+		m[j] = (uint8_t)(mid2 * k);
+	}
+	pack_scale_min_k4(s, m, q);
+}
+
 static void gen_q4_k(struct rng *r, uint8_t *dst, size_t n)
 {
 	for (size_t i = 0; i < n; i++, dst += sizeof(struct eng_block_q4_k)) {
-		uint64_t v = rng_next(r);
-		uint8_t s[8], m[8];
-
-		for (int j = 0; j < 8; j++, v >>= 2) {
-			uint8_t k = (uint8_t)((v & 3) + 1);
-
-			s[j] = (uint8_t)(2 * k);
-			m[j] = (uint8_t)(15 * k);
-		}
+		/* q 0..15: min 7.5 * 2k */
+		gen_scales_mins(r, 4, 15, dst + offsetof(struct eng_block_q4_k, scales));
 		memcpy(dst + offsetof(struct eng_block_q4_k, d), &sc.q4_k_d, 2);
 		memcpy(dst + offsetof(struct eng_block_q4_k, dmin), &sc.q4_k_d, 2);
-		pack_scale_min_k4(s, m, dst + offsetof(struct eng_block_q4_k, scales));
 		fill_random(r, dst + offsetof(struct eng_block_q4_k, qs), ENG_QK_K / 2);
 	}
 }
@@ -436,18 +445,10 @@ static void gen_q4_k(struct rng *r, uint8_t *dst, size_t n)
 static void gen_q5_k(struct rng *r, uint8_t *dst, size_t n)
 {
 	for (size_t i = 0; i < n; i++, dst += sizeof(struct eng_block_q5_k)) {
-		uint64_t v = rng_next(r);
-		uint8_t s[8], m[8];
-
-		for (int j = 0; j < 8; j++, v >>= 1) {
-			uint8_t k = (uint8_t)((v & 1) + 1);
-
-			s[j] = (uint8_t)(2 * k);
-			m[j] = (uint8_t)(31 * k);
-		}
+		/* q 0..31: min 15.5 * 2k, which fits 6 bits for k <= 2 */
+		gen_scales_mins(r, 2, 31, dst + offsetof(struct eng_block_q5_k, scales));
 		memcpy(dst + offsetof(struct eng_block_q5_k, d), &sc.q5_k_d, 2);
 		memcpy(dst + offsetof(struct eng_block_q5_k, dmin), &sc.q5_k_d, 2);
-		pack_scale_min_k4(s, m, dst + offsetof(struct eng_block_q5_k, scales));
 		fill_random(r, dst + offsetof(struct eng_block_q5_k, qh), ENG_QK_K / 8);
 		fill_random(r, dst + offsetof(struct eng_block_q5_k, qs), ENG_QK_K / 2);
 	}
