@@ -50,13 +50,6 @@ static inline int32_t hsum_i32x8(__m256i v)
 	return _mm_cvtsi128_si32(r);
 }
 
-static inline int32_t hsum_i32x4(__m128i v)
-{
-	v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
-	return _mm_cvtsi128_si32(v);
-}
-
 static inline float hmax_f32x8(__m256 v)
 {
 	__m128 r = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
@@ -833,6 +826,7 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 			acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
 		}
 
+#pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			/* int16 scale 2j (2j + 1) in every lane */
 			const __m256i scale_l = _mm256_set1_epi32((int)pp[2 * j]);
@@ -842,13 +836,9 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 			__m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
 
 			if (five) {
-				const __m256i bl = _mm256_set1_epi8((char)(1u << (2 * j)));
-				const __m256i bh = _mm256_set1_epi8((char)(1u << (2 * j + 1)));
-
-				ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_cmpeq_epi8(
-					_mm256_and_si256(hbits, bl), bl), sixteen));
-				qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_cmpeq_epi8(
-					_mm256_and_si256(hbits, bh), bh), sixteen));
+				ql = _mm256_or_si256(ql, _mm256_and_si256(bit_to_4(hbits, 2 * j), sixteen));
+				qh = _mm256_or_si256(qh, _mm256_and_si256(bit_to_4(hbits, 2 * j + 1),
+									  sixteen));
 			}
 			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
 			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
@@ -940,8 +930,8 @@ static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a
  * then each block's y.d, so that Q6_K reads 260 bytes a block and token,
  * then each block's quants for Q4_K: 808 bytes a block in all.  Both sets
  * of quants go in pairs of 32 for the shared madd (k4_pair_a, k4_pair_b).
- * Q5_K has no vec_dot8 but takes the same pack8, so that a matmul may group
- * it with Q6_K (Q5_K_M mixes them).
+ * Q5_K's vec_dot8 reads only the Q8_K rows at the start, but takes the same
+ * pack8, so that a matmul may group it with Q6_K (Q5_K_M mixes them).
  */
 _Static_assert(PACK8_Q8_K_BLOCK <= ENG_PACK8_BYTES(ENG_QK_K), "q8_k pack8 size");
 
@@ -979,7 +969,7 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 #define KR_DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #define KR_DOT1_Q4_K(n, out, w, a) dot_q45_k(n, out, w, a, false)
 #define KR_DOT1_Q6_K vec_dot_q6_k_q8_k
-#define KR_DOT1_Q5_K vec_dot_q5_k_q8_k /* only this set's copy has Q5_K */
+#define KR_DOT1_Q5_K vec_dot_q5_k_q8_k
 #include "quant_krows_tmpl.h"
 
 /* ---- the table -------------------------------------------------------- */

@@ -8,9 +8,8 @@
  *   KR_DPWSSD(acc, a, b) acc + madd(a, b): an int32 accumulation, which
  *                        VNNI does in one instruction (integers: exact in
  *                        any order, so both sets give the same lanes)
- *   KR_DOT1_Q4_K, KR_DOT1_Q6_K  the set's one-row vec_dot, for one token
- *   KR_DOT1_Q5_K         the same, where the set wants the Q5_K kernel (only
- *                        the AVX2 one: the others take that copy)
+ *   KR_DOT1_Q4_K, KR_DOT1_Q5_K, KR_DOT1_Q6_K  the set's one-row vec_dot,
+ *                        for one token
  * Each row and token is bit-identical to the set's vec_dot: the same int32
  * lanes, the same float steps in the same order, block after block.
  */
@@ -344,7 +343,6 @@ KR_ATTR static void KR_NAME(vec_dot8_q6_k_q8_k)(size_t n, unsigned nt, float *ou
 	}
 }
 
-#ifdef KR_DOT1_Q5_K
 /*
  * Q5_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
  * token bit-identical to the set's one-row kernel (dot_q45_k: ggml's
@@ -391,21 +389,18 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
 		for (unsigned t = 0; t < tn; t++)
 			sumi[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			const __m256i scale_l = _mm256_set1_epi32((int)pairs[2 * j]);
 			const __m256i scale_h = _mm256_set1_epi32((int)pairs[2 * j + 1]);
 			const __m256i bits = _mm256_loadu_si256((const void *)(x[i].qs + 32 * j));
-			const __m256i bl = _mm256_set1_epi8((char)(1u << (2 * j)));
-			const __m256i bh = _mm256_set1_epi8((char)(1u << (2 * j + 1)));
 			/* the nibbles, and the fifth bit from qh as 16 */
 			const __m256i ql = _mm256_or_si256(
 				_mm256_and_si256(bits, m4),
-				_mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bl), bl),
-						 sixteen));
+				_mm256_and_si256(bit_to_4(hbits, 2 * j), sixteen));
 			const __m256i qh = _mm256_or_si256(
 				_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
-				_mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bh), bh),
-						 sixteen));
+				_mm256_and_si256(bit_to_4(hbits, 2 * j + 1), sixteen));
 
 			for (unsigned t = 0; t < tn; t++) {
 				const int8_t *q8 = y[t][i].qs + 64 * j;
@@ -466,7 +461,6 @@ KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *ou
 		}
 	}
 }
-#endif
 
 #undef KR_ATTR
 #undef KR_NAME

@@ -42,6 +42,13 @@ static inline float hsum_f32x8(__m256 v)
 	return _mm_cvtss_f32(r);
 }
 
+static inline int32_t hsum_i32x4(__m128i v)
+{
+	v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 1));
+	return _mm_cvtsi128_si32(v);
+}
+
 /*
  * The 6-bit quants (0..63) of 128 Q6_K elements: the low 4 bits from 64
  * bytes of ql, the high 2 from 32 bytes of qh, q[k] = elements 32k..32k+31.
@@ -96,6 +103,27 @@ static inline __m128i k4_scales_mins_ssse3(const uint8_t *p)
 		_mm_set1_epi8(0x30));
 
 	return _mm_or_si128(_mm_or_si128(lo, hi), top);
+}
+
+/*
+ * Q5_K's fifth bits: bit b (0..7) of every byte of h moved to bit 4 of its
+ * byte by one 16-bit shift or none, for an AND with 16 to make the quant's
+ * 16.  The other bits are the neighbours' (a shift down is at most 3 places,
+ * so bit 4 never comes from the other byte).  b must be a constant: unroll
+ * the loop it is in.
+ */
+static inline __attribute__((always_inline)) __m256i bit_to_4(__m256i h, int b)
+{
+	switch (b) {
+	case 0: return _mm256_slli_epi16(h, 4);
+	case 1: return _mm256_slli_epi16(h, 3);
+	case 2: return _mm256_slli_epi16(h, 2);
+	case 3: return _mm256_slli_epi16(h, 1);
+	case 4: return h;
+	case 5: return _mm256_srli_epi16(h, 1);
+	case 6: return _mm256_srli_epi16(h, 2);
+	default: return _mm256_srli_epi16(h, 3);
+	}
 }
 
 /*
