@@ -766,10 +766,11 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
  * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
  * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
  * no saturation), then madd with the sub-block scale into int32 lanes.  The
- * scale is an int16 pair in every lane, broadcast by a load from a small
- * table on the stack rather than by a pshufb: the load ports are idle and
- * the shuffle port is the busiest (one core: 27.8 -> 29.2-30.2 GMAC/s, Q5_K
- * 15.6 -> 16.6; session 29, docs/benchmarks.md).  The mins term is accumulated
+ * scale is in every int16 lane by one pshufb (k_scale).  Session 29 had
+ * broadcast it by loads from a table stored on the stack, faster on an Intel
+ * Xeon whose shuffle port was the busiest; on the Zen 5 the pshufb and d and
+ * dmin converted together are 1.28x (one core, one token; session 39,
+ * docs/benchmarks.md).  The mins term is accumulated
  * as ggml's AVX2 kernels do it (the reference engine's results depend on
  * the float order): bsums summed in pairs (hadd), times the mins (madd)
  * into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
@@ -794,8 +795,14 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 
 	for (size_t i = 0; i < n / ENG_QK_K; i++) {
 		const uint8_t *qs = five ? x5[i].qs : x4[i].qs;
-		const float d = y[i].d * fp16(five ? x5[i].d : x4[i].d);
-		const float dmin = -y[i].d * fp16(five ? x5[i].dmin : x4[i].dmin);
+		/* [d, dmin] * y.d (d and dmin lead both blocks); y.d * d rounds
+		 * the same either way round, and dmin's sign is carried by the
+		 * FMAs below (fma(-a, b, c) = -(a*b) + c, one rounding) */
+		uint32_t dbits;
+
+		memcpy(&dbits, five ? (const void *)&x5[i].d : (const void *)&x4[i].d, 4);
+		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dbits)),
+					     _mm_set1_ps(y[i].d));
 		const int8_t *q8 = y[i].qs;
 		__m256i hbits = _mm256_setzero_si256();
 		__m256i sumi = _mm256_setzero_si256();
@@ -806,31 +813,25 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 
 		const __m128i sm = k4_scales_mins_ssse3(five ? x5[i].scales : x4[i].scales);
 		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
-		/* (scale j, scale j) for j = 0..7; pp hides from the compiler
-		 * that it points at pairs, so that it loads rather than shuffles */
-		uint32_t pairs[8] __attribute__((aligned(32)));
-		const uint32_t *pp = pairs;
-
-		_mm_store_si128((void *)pairs, _mm_unpacklo_epi16(sc16, sc16));
-		_mm_store_si128((void *)(pairs + 4), _mm_unpackhi_epi16(sc16, sc16));
-		__asm__("" : "+r"(pp) : "m"(pairs));
+		const __m256i scales = _mm256_set_m128i(sc16, sc16);
 		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
 		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
 						   _mm256_extracti128_si256(bs, 1));
 		const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), q8s);
 
 		if (five) {
-			summs = fmaf(dmin, (float)hsum_i32x4(prod), summs);
+			summs = fmaf(-_mm_cvtss_f32(_mm_movehdup_ps(dm)), (float)hsum_i32x4(prod),
+				     summs);
 			hbits = _mm256_loadu_si256((const void *)x5[i].qh);
 		} else {
-			acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+			acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm, 0x55), _mm_cvtepi32_ps(prod), acc_m);
 		}
 
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			/* int16 scale 2j (2j + 1) in every lane */
-			const __m256i scale_l = _mm256_set1_epi32((int)pp[2 * j]);
-			const __m256i scale_h = _mm256_set1_epi32((int)pp[2 * j + 1]);
+			const __m256i scale_l = k_scale(scales, 2 * j);
+			const __m256i scale_h = k_scale(scales, 2 * j + 1);
 			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
 			__m256i ql = _mm256_and_si256(bits, m4);
 			__m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
@@ -847,7 +848,7 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 
 			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
 		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+		acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
 	}
 	if (five) {
 		*out = hsum_f32x8(acc) + summs;

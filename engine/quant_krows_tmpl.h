@@ -377,13 +377,8 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		const __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
 		const __m256i hbits = _mm256_loadu_si256((const void *)x[i].qh);
 		const float xd = fp16(x[i].d), xdmin = fp16(x[i].dmin);
-		/* (scale j, scale j) for j = 0..7, broadcast by loads as
-		 * dot_q45_k does */
-		uint32_t pairs[8] __attribute__((aligned(16)));
+		const __m256i scales = _mm256_set_m128i(sc16, sc16);
 		__m256i sumi[KR_TOKENS];
-
-		_mm_store_si128((void *)pairs, _mm_unpacklo_epi16(sc16, sc16));
-		_mm_store_si128((void *)(pairs + 4), _mm_unpackhi_epi16(sc16, sc16));
 
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
@@ -391,8 +386,8 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 			sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			const __m256i scale_l = _mm256_set1_epi32((int)pairs[2 * j]);
-			const __m256i scale_h = _mm256_set1_epi32((int)pairs[2 * j + 1]);
+			const __m256i scale_l = k_scale(scales, 2 * j);
+			const __m256i scale_h = k_scale(scales, 2 * j + 1);
 			const __m256i bits = _mm256_loadu_si256((const void *)(x[i].qs + 32 * j));
 			/* the nibbles, and the fifth bit from qh as 16 */
 			const __m256i ql = _mm256_or_si256(
