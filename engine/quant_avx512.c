@@ -458,8 +458,9 @@ VNNI static void vec_dot_q4_k_q8_k_vnni(size_t n, float *out, const void *w, con
  * Q5_K with AVX-512 VNNI: the lanes and float steps of the AVX2 set's Q5_K
  * kernel (dot_q45_k: the mins summed to one integer a block, dmin times that
  * added to a scalar), with Q4_K's scale handling above: each sub-block's
- * scale broadcast by one pshufb, and vpdpwssd doing the scale madd and the
- * add in one.  The fifth bits come from qh by one shift each (bit_to_4).
+ * scale broadcast by one pshufb (k_scale), and vpdpwssd doing the scale madd
+ * and the add in one.  The fifth bits come from qh by one shift each
+ * (bit_to_4).
  */
 VNNI static void vec_dot_q5_k_q8_k_vnni(size_t n, float *out, const void *w, const void *a)
 {
@@ -490,9 +491,6 @@ VNNI static void vec_dot_q5_k_q8_k_vnni(size_t n, float *out, const void *w, con
 		summs = fmaf(dmin, (float)hsum_i32x4(prod), summs);
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			/* int16 scale 2j (2j + 1) in every lane */
-			const __m256i shl = _mm256_set1_epi16((short)(0x0100 * (4 * j + 1) + 4 * j));
-			const __m256i shh = _mm256_set1_epi16((short)(0x0100 * (4 * j + 3) + 4 * j + 2));
 			const __m256i bits = _mm256_loadu_si256((const void *)(x[i].qs + 32 * j));
 			const __m256i ql = _mm256_or_si256(
 				_mm256_and_si256(bits, m4),
@@ -504,9 +502,9 @@ VNNI static void vec_dot_q5_k_q8_k_vnni(size_t n, float *out, const void *w, con
 			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
 
 			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(ql, yl),
-						   _mm256_shuffle_epi8(scales, shl));
+						   k_scale(scales, 2 * j));
 			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(qh, yh),
-						   _mm256_shuffle_epi8(scales, shh));
+						   k_scale(scales, 2 * j + 1));
 		}
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
 	}
