@@ -788,7 +788,6 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 	const size_t bsize = five ? sizeof(*x5) : sizeof(*x4);
 	const char *pf = (const char *)w + K_PREFETCH_ROWS * (n / ENG_QK_K) * bsize;
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	const __m256i sixteen = _mm256_set1_epi8(16);
 	__m256 acc = _mm256_setzero_ps();
 	__m128 acc_m = _mm_setzero_ps();
 	float summs = 0.0f;
@@ -833,13 +832,13 @@ static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out
 			const __m256i scale_l = k_scale(scales, 2 * j);
 			const __m256i scale_h = k_scale(scales, 2 * j + 1);
 			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
-			__m256i ql = _mm256_and_si256(bits, m4);
-			__m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+			__m256i ql, qh;
 
 			if (five) {
-				ql = _mm256_or_si256(ql, _mm256_and_si256(bit_to_4(hbits, 2 * j), sixteen));
-				qh = _mm256_or_si256(qh, _mm256_and_si256(bit_to_4(hbits, 2 * j + 1),
-									  sixteen));
+				q5_k_quants(bits, hbits, j, &ql, &qh);
+			} else {
+				ql = _mm256_and_si256(bits, m4);
+				qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
 			}
 			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
 			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));

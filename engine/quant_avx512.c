@@ -460,13 +460,12 @@ VNNI static void vec_dot_q4_k_q8_k_vnni(size_t n, float *out, const void *w, con
  * added to a scalar), with Q4_K's scale handling above: each sub-block's
  * scale broadcast by one pshufb (k_scale), and vpdpwssd doing the scale madd
  * and the add in one.  The fifth bits come from qh by one shift each
- * (bit_to_4).
+ * (q5_k_quants).
  */
 VNNI static void vec_dot_q5_k_q8_k_vnni(size_t n, float *out, const void *w, const void *a)
 {
 	const struct eng_block_q5_k *x = w;
 	const struct eng_block_q8_k *y = a;
-	const __m256i m4 = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
 	__m256 acc = _mm256_setzero_ps();
 	float summs = 0.0f;
@@ -491,16 +490,12 @@ VNNI static void vec_dot_q5_k_q8_k_vnni(size_t n, float *out, const void *w, con
 		summs = fmaf(dmin, (float)hsum_i32x4(prod), summs);
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			const __m256i bits = _mm256_loadu_si256((const void *)(x[i].qs + 32 * j));
-			const __m256i ql = _mm256_or_si256(
-				_mm256_and_si256(bits, m4),
-				_mm256_and_si256(bit_to_4(hbits, 2 * j), sixteen));
-			const __m256i qh = _mm256_or_si256(
-				_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
-				_mm256_and_si256(bit_to_4(hbits, 2 * j + 1), sixteen));
 			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
 			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
+			__m256i ql, qh;
 
+			q5_k_quants(_mm256_loadu_si256((const void *)(x[i].qs + 32 * j)), hbits, j, &ql,
+				    &qh);
 			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(ql, yl),
 						   k_scale(scales, 2 * j));
 			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(qh, yh),

@@ -360,7 +360,6 @@ KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *act, size_t a_stride,
 		     const struct kr_q4_k_tab *T, const unsigned tn, float *out, size_t out_stride)
 {
-	const __m256i m4 = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
 	const struct eng_block_q8_k *y[KR_TOKENS];
 	__m256 acc[KR_TOKENS];
@@ -388,14 +387,10 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			const __m256i scale_l = k_scale(scales, 2 * j);
 			const __m256i scale_h = k_scale(scales, 2 * j + 1);
-			const __m256i bits = _mm256_loadu_si256((const void *)(x[i].qs + 32 * j));
-			/* the nibbles, and the fifth bit from qh as 16 */
-			const __m256i ql = _mm256_or_si256(
-				_mm256_and_si256(bits, m4),
-				_mm256_and_si256(bit_to_4(hbits, 2 * j), sixteen));
-			const __m256i qh = _mm256_or_si256(
-				_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
-				_mm256_and_si256(bit_to_4(hbits, 2 * j + 1), sixteen));
+			__m256i ql, qh;
+
+			q5_k_quants(_mm256_loadu_si256((const void *)(x[i].qs + 32 * j)), hbits, j, &ql,
+				    &qh);
 
 			for (unsigned t = 0; t < tn; t++) {
 				const int8_t *q8 = y[t][i].qs + 64 * j;

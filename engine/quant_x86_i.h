@@ -137,6 +137,20 @@ static inline __attribute__((always_inline)) __m256i bit_to_4(__m256i h, int b)
 	}
 }
 
+/* The 5-bit quants (0..31) of Q5_K's 64-element chunk j: the nibbles of its
+ * 32 bytes bits (low: elements 0..31, high: 32..63) and the fifth bits 2j
+ * and 2j + 1 of hbits (the block's qh), as 16.  j must be a constant. */
+static inline __attribute__((always_inline)) void q5_k_quants(__m256i bits, __m256i hbits, int j,
+							      __m256i *ql, __m256i *qh)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
+
+	*ql = _mm256_or_si256(_mm256_and_si256(bits, m4),
+			      _mm256_and_si256(bit_to_4(hbits, 2 * j), sixteen));
+	*qh = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+			      _mm256_and_si256(bit_to_4(hbits, 2 * j + 1), sixteen));
+}
+
 /*
  * The shared madd of the K-quant prompt kernels.  A row's block lanes are
  * fixed (int32 lane k: sum over the 32-element sub-blocks j of s_j S_j,k,
