@@ -760,114 +760,6 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
 	}
 }
 
-/* ---- Q4_K, Q5_K ------------------------------------------------------- */
-
-/*
- * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
- * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
- * no saturation), then madd with the sub-block scale into int32 lanes.  The
- * scale is in every int16 lane by one pshufb (k_scale).  Session 29 had
- * broadcast it by loads from a table stored on the stack, faster on an Intel
- * Xeon whose shuffle port was the busiest; on the Zen 5 the pshufb and d and
- * dmin converted together are 1.28x (one core, one token; session 39,
- * docs/benchmarks.md).  The mins term is accumulated
- * as ggml's AVX2 kernels do it (the reference engine's results depend on
- * the float order): bsums summed in pairs (hadd), times the mins (madd)
- * into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
- * into 4 float lanes, reduced at the end; Q5_K sums them to one integer and
- * accumulates dmin * that in a scalar (ggml's "summs += dmin * hsum",
- * contracted to an FMA in its -march=native build).  The row K_PREFETCH_ROWS
- * ahead is prefetched at the pace this one is read (quant_x86_i.h).
- */
-static inline __attribute__((always_inline)) void dot_q45_k(size_t n, float *out, const void *w,
-							     const void *a, bool five)
-{
-	const struct eng_block_q4_k *x4 = w;
-	const struct eng_block_q5_k *x5 = w;
-	const struct eng_block_q8_k *y = a;
-	const size_t bsize = five ? sizeof(*x5) : sizeof(*x4);
-	const char *pf = (const char *)w + K_PREFETCH_ROWS * (n / ENG_QK_K) * bsize;
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	__m256 acc = _mm256_setzero_ps();
-	__m128 acc_m = _mm_setzero_ps();
-	float summs = 0.0f;
-
-	for (size_t i = 0; i < n / ENG_QK_K; i++) {
-		const uint8_t *qs = five ? x5[i].qs : x4[i].qs;
-		/* [d, dmin] * y.d (d and dmin lead both blocks); y.d * d rounds
-		 * the same either way round, and dmin's sign is carried by the
-		 * FMAs below (fma(-a, b, c) = -(a*b) + c, one rounding) */
-		uint32_t dbits;
-
-		memcpy(&dbits, five ? (const void *)&x5[i].d : (const void *)&x4[i].d, 4);
-		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dbits)),
-					     _mm_set1_ps(y[i].d));
-		const int8_t *q8 = y[i].qs;
-		__m256i hbits = _mm256_setzero_si256();
-		__m256i sumi = _mm256_setzero_si256();
-
-		/* the lines of block i of that row: three (144 or 176 bytes) */
-		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * bsize + 64 * l, _MM_HINT_T1);
-
-		const __m128i sm = k4_scales_mins_ssse3(five ? x5[i].scales : x4[i].scales);
-		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
-		const __m256i scales = _mm256_set_m128i(sc16, sc16);
-		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
-		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
-						   _mm256_extracti128_si256(bs, 1));
-		const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), q8s);
-
-		if (five) {
-			summs = fmaf(-_mm_cvtss_f32(_mm_movehdup_ps(dm)), (float)hsum_i32x4(prod),
-				     summs);
-			hbits = _mm256_loadu_si256((const void *)x5[i].qh);
-		} else {
-			acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm, 0x55), _mm_cvtepi32_ps(prod), acc_m);
-		}
-
-#pragma GCC unroll 4
-		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			/* int16 scale 2j (2j + 1) in every lane */
-			const __m256i scale_l = k_scale(scales, 2 * j);
-			const __m256i scale_h = k_scale(scales, 2 * j + 1);
-			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
-			__m256i ql, qh;
-
-			if (five) {
-				q5_k_quants(bits, hbits, j, &ql, &qh);
-			} else {
-				ql = _mm256_and_si256(bits, m4);
-				qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-			}
-			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
-			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
-			const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, yl), scale_l);
-			const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, yh), scale_h);
-
-			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
-		}
-		acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
-	}
-	if (five) {
-		*out = hsum_f32x8(acc) + summs;
-		return;
-	}
-	acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-	acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
-	*out = hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
-}
-
-static void vec_dot_q4_k_q8_k(size_t n, float *out, const void *w, const void *a)
-{
-	dot_q45_k(n, out, w, a, false);
-}
-
-static void vec_dot_q5_k_q8_k(size_t n, float *out, const void *w, const void *a)
-{
-	dot_q45_k(n, out, w, a, true);
-}
-
 /* ---- Q6_K ------------------------------------------------------------- */
 
 /*
@@ -967,10 +859,13 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 #define KR_ATTR
 #define KR_NAME(f) f##_avx2
 #define KR_DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
-#define KR_DOT1_Q4_K(n, out, w, a) dot_q45_k(n, out, w, a, false)
 #define KR_DOT1_Q6_K vec_dot_q6_k_q8_k
-#define KR_DOT1_Q5_K vec_dot_q5_k_q8_k
 #include "quant_krows_tmpl.h"
+
+static void vec_dot_q4_k_q8_k(size_t n, float *out, const void *w, const void *a)
+{
+	dot_q45_k_avx2(n, out, w, a, false);
+}
 
 /* ---- the table -------------------------------------------------------- */
 
@@ -1004,7 +899,7 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k;
 	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q4_K] = pack8_q8_k;
-	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k;
+	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k_avx2;
 	avx2.vec_dot8[ENG_TYPE_Q5_K] = vec_dot8_q5_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q5_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k;

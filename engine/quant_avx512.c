@@ -455,58 +455,6 @@ VNNI static void vec_dot_q4_k_q8_k_vnni(size_t n, float *out, const void *w, con
 }
 
 /*
- * Q5_K with AVX-512 VNNI: the lanes and float steps of the AVX2 set's Q5_K
- * kernel (dot_q45_k: the mins summed to one integer a block, dmin times that
- * added to a scalar), with Q4_K's scale handling above: each sub-block's
- * scale broadcast by one pshufb (k_scale), and vpdpwssd doing the scale madd
- * and the add in one.  The fifth bits come from qh by one shift each
- * (q5_k_quants).
- */
-VNNI static void vec_dot_q5_k_q8_k_vnni(size_t n, float *out, const void *w, const void *a)
-{
-	const struct eng_block_q5_k *x = w;
-	const struct eng_block_q8_k *y = a;
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
-	__m256 acc = _mm256_setzero_ps();
-	float summs = 0.0f;
-
-	for (size_t i = 0; i < n / ENG_QK_K; i++) {
-		const float d = y[i].d * fp16(x[i].d);
-		const float dmin = -y[i].d * fp16(x[i].dmin);
-		const int8_t *q8 = y[i].qs;
-		const __m256i hbits = _mm256_loadu_si256((const void *)x[i].qh);
-		const __m128i sm = k4_scales_mins_ssse3(x[i].scales);
-		const __m128i sc = _mm_cvtepu8_epi16(sm);
-		const __m256i scales = _mm256_set_m128i(sc, sc);
-		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
-		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
-						   _mm256_extracti128_si256(bs, 1));
-		const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), q8s);
-		__m256i sumi = _mm256_setzero_si256();
-
-		/* the lines of block i, 176 bytes: three or four */
-		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-		summs = fmaf(dmin, (float)hsum_i32x4(prod), summs);
-#pragma GCC unroll 4
-		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
-			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
-			__m256i ql, qh;
-
-			q5_k_quants(_mm256_loadu_si256((const void *)(x[i].qs + 32 * j)), hbits, j, &ql,
-				    &qh);
-			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(ql, yl),
-						   k_scale(scales, 2 * j));
-			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(qh, yh),
-						   k_scale(scales, 2 * j + 1));
-		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-	}
-	*out = hsum_f32x8(acc) + summs;
-}
-
-/*
  * Q4_K, eight rows at a time (vec_dot8), each row bit-identical to
  * vec_dot_q4_k_q8_k_vnni: the same int32 lanes and the same float
  * operations in the same order, from fewer instructions.  One row and block
@@ -738,7 +686,6 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
 #define KR_DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
 #define KR_DOT1_Q4_K vec_dot_q4_k_q8_k_vnni
 #define KR_DOT1_Q6_K vec_dot_q6_k_q8_k_vnni
-#define KR_DOT1_Q5_K vec_dot_q5_k_q8_k_vnni
 #include "quant_krows_tmpl.h"
 
 /* ---- the table -------------------------------------------------------- */

@@ -8,11 +8,121 @@
  *   KR_DPWSSD(acc, a, b) acc + madd(a, b): an int32 accumulation, which
  *                        VNNI does in one instruction (integers: exact in
  *                        any order, so both sets give the same lanes)
- *   KR_DOT1_Q4_K, KR_DOT1_Q5_K, KR_DOT1_Q6_K  the set's one-row vec_dot,
- *                        for one token
+ *   KR_DOT1_Q4_K, KR_DOT1_Q6_K  the set's one-row vec_dot, for one token
+ *                        (KR_DOT1_Q4_K: where the set has its own; else
+ *                        the one-row Q4_K kernel below)
+ * and defines, besides the vec_dot8s, the one-row Q4_K and Q5_K kernel
+ * (KR_NAME(dot_q45_k); KR_NAME(vec_dot_q5_k_q8_k) is its Q5_K vec_dot).
  * Each row and token is bit-identical to the set's vec_dot: the same int32
  * lanes, the same float steps in the same order, block after block.
  */
+
+/*
+ * Per 64 elements: nibbles (plus Q5_K's fifth bit) times 32 activations each
+ * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
+ * no saturation), then madd with the sub-block scale into int32 lanes (and
+ * the add: KR_DPWSSD, one instruction with VNNI; integers, so the same
+ * lanes either way).  This is the avx2 set's one-row Q4_K and Q5_K kernel
+ * and the avx512 sets' Q5_K one (their Q4_K has its own).  The
+ * scale is in every int16 lane by one pshufb (k_scale).  Session 29 had
+ * broadcast it by loads from a table stored on the stack, faster on an Intel
+ * Xeon whose shuffle port was the busiest; on the Zen 5 the pshufb and d and
+ * dmin converted together are 1.28x (one core, one token; session 39,
+ * docs/benchmarks.md).  The mins term is accumulated
+ * as ggml's AVX2 kernels do it (the reference engine's results depend on
+ * the float order): bsums summed in pairs (hadd), times the mins (madd)
+ * into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
+ * into 4 float lanes, reduced at the end; Q5_K sums them to one integer and
+ * accumulates dmin * that in a scalar (ggml's "summs += dmin * hsum",
+ * contracted to an FMA in its -march=native build).  The row K_PREFETCH_ROWS
+ * ahead is prefetched at the pace this one is read (quant_x86_i.h).
+ */
+KR_ATTR static inline __attribute__((always_inline)) void
+KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, bool five)
+{
+	const struct eng_block_q4_k *x4 = w;
+	const struct eng_block_q5_k *x5 = w;
+	const struct eng_block_q8_k *y = a;
+	const size_t bsize = five ? sizeof(*x5) : sizeof(*x4);
+	const char *pf = (const char *)w + K_PREFETCH_ROWS * (n / ENG_QK_K) * bsize;
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+	__m256 acc = _mm256_setzero_ps();
+	__m128 acc_m = _mm_setzero_ps();
+	float summs = 0.0f;
+
+	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+		const uint8_t *qs = five ? x5[i].qs : x4[i].qs;
+		/* [d, dmin] * y.d (d and dmin lead both blocks); y.d * d rounds
+		 * the same either way round, and dmin's sign is carried by the
+		 * FMAs below (fma(-a, b, c) = -(a*b) + c, one rounding) */
+		uint32_t dbits;
+
+		memcpy(&dbits, five ? (const void *)&x5[i].d : (const void *)&x4[i].d, 4);
+		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dbits)),
+					     _mm_set1_ps(y[i].d));
+		const int8_t *q8 = y[i].qs;
+		__m256i hbits = _mm256_setzero_si256();
+		__m256i sumi = _mm256_setzero_si256();
+
+		/* the lines of block i of that row: three (144 or 176 bytes) */
+		for (int l = 0; l < 3; l++)
+			_mm_prefetch(pf + i * bsize + 64 * l, _MM_HINT_T1);
+
+		const __m128i sm = k4_scales_mins_ssse3(five ? x5[i].scales : x4[i].scales);
+		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
+		const __m256i scales = _mm256_set_m128i(sc16, sc16);
+		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
+		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
+						   _mm256_extracti128_si256(bs, 1));
+		const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), q8s);
+
+		if (five) {
+			summs = fmaf(-_mm_cvtss_f32(_mm_movehdup_ps(dm)), (float)hsum_i32x4(prod),
+				     summs);
+			hbits = _mm256_loadu_si256((const void *)x5[i].qh);
+		} else {
+			acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm, 0x55), _mm_cvtepi32_ps(prod), acc_m);
+		}
+
+#pragma GCC unroll 4
+		for (int j = 0; j < ENG_QK_K / 64; j++) {
+			/* int16 scale 2j (2j + 1) in every lane */
+			const __m256i scale_l = k_scale(scales, 2 * j);
+			const __m256i scale_h = k_scale(scales, 2 * j + 1);
+			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
+			__m256i ql, qh;
+
+			if (five) {
+				q5_k_quants(bits, hbits, j, &ql, &qh);
+			} else {
+				ql = _mm256_and_si256(bits, m4);
+				qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+			}
+			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
+			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
+			sumi = KR_DPWSSD(sumi, _mm256_maddubs_epi16(ql, yl), scale_l);
+			sumi = KR_DPWSSD(sumi, _mm256_maddubs_epi16(qh, yh), scale_h);
+		}
+		acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	if (five) {
+		*out = hsum_f32x8(acc) + summs;
+		return;
+	}
+	acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+	acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+	*out = hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
+}
+
+KR_ATTR static inline void KR_NAME(vec_dot_q5_k_q8_k)(size_t n, float *out, const void *w,
+						      const void *a)
+{
+	KR_NAME(dot_q45_k)(n, out, w, a, true);
+}
+
+#ifndef KR_DOT1_Q4_K
+#define KR_DOT1_Q4_K(n, out, w, a) KR_NAME(dot_q45_k)(n, out, w, a, false)
+#endif
 
 /*
  * Q4_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
@@ -174,43 +284,6 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 		m = _mm_add_ps(m, _mm_movehl_ps(m, m));
 		m = _mm_add_ss(m, _mm_movehdup_ps(m));
 		out[t * out_stride] = hsum_f32x8(acc[t]) + _mm_cvtss_f32(m);
-	}
-}
-
-KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *out,
-						 size_t out_stride, const void *w, size_t stride,
-						 const void *a, size_t a_stride)
-{
-	const size_t nb = n / ENG_QK_K;
-
-	if (nt == 1) { /* decoding: nothing to share, the one-row kernel */
-		for (int r = 0; r < 8; r++)
-			KR_DOT1_Q4_K(n, out + r, (const uint8_t *)w + (size_t)r * stride, a);
-		return;
-	}
-	if (nb > KR_TABLE_BLOCKS) { /* longer than the table: row by row */
-		for (int r = 0; r < 8; r++)
-			for (unsigned t = 0; t < nt; t++)
-				KR_DOT1_Q4_K(n, out + t * out_stride + r,
-					     (const uint8_t *)w + (size_t)r * stride,
-					     (const uint8_t *)a + t * a_stride);
-		return;
-	}
-	for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
-		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
-		const unsigned tn = nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS;
-		struct kr_q4_k_tab T[KR_TABLE_BLOCKS];
-
-		KR_NAME(kr_q4_k_table)(T, y, a_stride, tn, nb);
-		for (int r = 0; r < 8; r++) {
-			const struct eng_block_q4_k *x =
-				(const void *)((const uint8_t *)w + (size_t)r * stride);
-			float *o = out + t0 * out_stride + r;
-
-#define CALL(tn) KR_NAME(q4_k_row_tn)(x, nb, y, a_stride, T, tn, o, out_stride)
-			KR_SWITCH(tn, CALL)
-#undef CALL
-		}
 	}
 }
 
@@ -420,18 +493,26 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		out[t * out_stride] = hsum_f32x8(acc[t]) + summs[t];
 }
 
-KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *out,
-						 size_t out_stride, const void *w, size_t stride,
-						 const void *a, size_t a_stride)
+/* Q4_K's or Q5_K's vec_dot8: decoding, or rows longer than the table, row
+ * by row through the one-row kernel; else eight tokens at a time through
+ * the table and the row kernels above. */
+KR_ATTR static inline __attribute__((always_inline)) void
+KR_NAME(dot8_q45_k)(size_t n, unsigned nt, float *out, size_t out_stride, const void *w,
+		    size_t stride, const void *a, size_t a_stride, const bool five)
 {
 	const size_t nb = n / ENG_QK_K;
 
 	if (nt == 1 || nb > KR_TABLE_BLOCKS) { /* decoding, or longer than the table */
 		for (int r = 0; r < 8; r++)
-			for (unsigned t = 0; t < nt; t++)
-				KR_DOT1_Q5_K(n, out + t * out_stride + r,
-					     (const uint8_t *)w + (size_t)r * stride,
-					     (const uint8_t *)a + t * a_stride);
+			for (unsigned t = 0; t < nt; t++) {
+				const uint8_t *x = (const uint8_t *)w + (size_t)r * stride;
+				const uint8_t *y = (const uint8_t *)a + t * a_stride;
+
+				if (five)
+					KR_NAME(vec_dot_q5_k_q8_k)(n, out + t * out_stride + r, x, y);
+				else
+					KR_DOT1_Q4_K(n, out + t * out_stride + r, x, y);
+			}
 		return;
 	}
 	for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
@@ -441,15 +522,34 @@ KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *ou
 
 		KR_NAME(kr_q4_k_table)(T, y, a_stride, tn, nb);
 		for (int r = 0; r < 8; r++) {
-			const struct eng_block_q5_k *x =
-				(const void *)((const uint8_t *)w + (size_t)r * stride);
+			const void *x = (const uint8_t *)w + (size_t)r * stride;
 			float *o = out + t0 * out_stride + r;
 
+			if (five) {
 #define CALL(tn) KR_NAME(q5_k_row_tn)(x, nb, y, a_stride, T, tn, o, out_stride)
-			KR_SWITCH(tn, CALL)
+				KR_SWITCH(tn, CALL)
 #undef CALL
+			} else {
+#define CALL(tn) KR_NAME(q4_k_row_tn)(x, nb, y, a_stride, T, tn, o, out_stride)
+				KR_SWITCH(tn, CALL)
+#undef CALL
+			}
 		}
 	}
+}
+
+KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *out,
+						 size_t out_stride, const void *w, size_t stride,
+						 const void *a, size_t a_stride)
+{
+	KR_NAME(dot8_q45_k)(n, nt, out, out_stride, w, stride, a, a_stride, false);
+}
+
+KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *out,
+						 size_t out_stride, const void *w, size_t stride,
+						 const void *a, size_t a_stride)
+{
+	KR_NAME(dot8_q45_k)(n, nt, out, out_stride, w, stride, a, a_stride, true);
 }
 
 #undef KR_ATTR
@@ -457,4 +557,3 @@ KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *ou
 #undef KR_DPWSSD
 #undef KR_DOT1_Q4_K
 #undef KR_DOT1_Q6_K
-#undef KR_DOT1_Q5_K
