@@ -760,60 +760,6 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
 	}
 }
 
-/* ---- Q6_K ------------------------------------------------------------- */
-
-/*
- * Unsigned 6-bit q times y minus 32 * y, in 16 bits (|pair| <= 2^13), then
- * madd with the signed scales: the low 128-bit lane of each 32 activations
- * holds elements 0-15 (scale 2k), the high lane 16-31 (scale 2k+1).  The
- * sixteen scales are widened once a block and each pair put in place by one
- * pshufb; the row K_PREFETCH_ROWS ahead is prefetched (quant_x86_i.h).
- */
-static void vec_dot_q6_k_q8_k(size_t n, float *out, const void *w, const void *a)
-{
-	const struct eng_block_q6_k *x = w;
-	const struct eng_block_q8_k *y = a;
-	const __m256i m32 = _mm256_set1_epi8(32);
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
-	__m256i shuf[4];
-	__m256 acc = _mm256_setzero_ps();
-
-	for (int k = 0; k < 4; k++)
-		shuf[k] = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
-					   _mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k)));
-	for (size_t i = 0; i < n / ENG_QK_K; i++) {
-		const float d = y[i].d * fp16(x[i].d);
-		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
-		__m256i sumi = _mm256_setzero_si256();
-
-		/* the lines of block i of that row, 210 bytes: four or five (the
-		 * fifth is the next block's first) */
-		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-
-		for (int h = 0; h < ENG_QK_K / 128; h++) {
-			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
-			const int8_t *q8 = y[i].qs + 128 * h;
-			/* scales 8h .. 8h + 7 in both halves */
-			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
-					 : _mm256_permute4x64_epi64(sc16, 0x44);
-			__m256i q[4];
-
-			q6_k_unpack(ql, qhp, q);
-			for (int k = 0; k < 4; k++) {
-				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
-				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk),
-								     _mm256_maddubs_epi16(m32, yk));
-
-				sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(
-					p16, _mm256_shuffle_epi8(sch, shuf[k])));
-			}
-		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-	}
-	*out = hsum_f32x8(acc);
-}
-
 /*
  * Q8_K activations for the K-quants' vec_dot8 (quant_krows_tmpl.h), once per
  * row and matmul: the Q8_K row as it is (the one-token kernels read that),
@@ -854,12 +800,11 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 	}
 }
 
-/* ---- eight rows by several tokens --------------------------------------- */
+/* ---- the K-quants' one-row Q6_K and eight-row kernels ------------------ */
 
 #define KR_ATTR
 #define KR_NAME(f) f##_avx2
 #define KR_DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
-#define KR_DOT1_Q6_K vec_dot_q6_k_q8_k
 #include "quant_krows_tmpl.h"
 
 static void vec_dot_q4_k_q8_k(size_t n, float *out, const void *w, const void *a)
@@ -902,7 +847,7 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k_avx2;
 	avx2.vec_dot8[ENG_TYPE_Q5_K] = vec_dot8_q5_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q5_K] = pack8_q8_k;
-	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k;
+	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_avx2;
 	avx2.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q6_K] = pack8_q8_k;
 }

@@ -563,72 +563,6 @@ VBMI static void vec_dotn_q4_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, 
 		out[r] = dot1_q4_k(n, (const void *)((const uint8_t *)w + r * stride), a);
 }
 
-/*
- * Q6_K with AVX-512 VNNI: the lanes of vec_dot_q6_k_q8_k exactly, with the
- * sixteen scales widened once per block and each pair put in place by one
- * pshufb (low 128 bits scale 2k, high 2k + 1), and vpdpwssd doing the scale
- * madd and the add in one.
- */
-VNNI static void vec_dot_q6_k_q8_k_vnni(size_t n, float *out, const void *w, const void *a)
-{
-	const struct eng_block_q6_k *x = w;
-	const struct eng_block_q8_k *y = a;
-	const __m256i m32 = _mm256_set1_epi8(32);
-	__m256i shuf[4];
-	__m256 acc = _mm256_setzero_ps();
-
-	for (int k = 0; k < 4; k++)
-		shuf[k] = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
-					   _mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k)));
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
-
-	for (size_t i = 0; i < n / ENG_QK_K; i++) {
-		const float d = y[i].d * fp16(x[i].d);
-
-		/* the lines of block i, 210 bytes: four or five (the fifth is
-		 * the next block's first) */
-		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-
-		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
-		__m256i sumi = _mm256_setzero_si256();
-
-		for (int h = 0; h < ENG_QK_K / 128; h++) {
-			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
-			const int8_t *q8 = y[i].qs + 128 * h;
-			/* scales 8h .. 8h + 7 in both halves */
-			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
-					 : _mm256_permute4x64_epi64(sc16, 0x44);
-			__m256i q[4];
-
-			q6_k_unpack(ql, qhp, q);
-			for (int k = 0; k < 4; k++) {
-				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
-				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk),
-								     _mm256_maddubs_epi16(m32, yk));
-
-				sumi = _mm256_dpwssd_epi32(sumi, p16, _mm256_shuffle_epi8(sch, shuf[k]));
-			}
-		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-	}
-	*out = hsum_f32x8(acc);
-}
-
-/* Q6_K's vec_dotn: decoding (one token) with the one-row kernel, row after
- * row; two tokens or more: avx512_prompt_q6_k, bit-identical to it. */
-VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
-					  size_t out_stride, const void *w, size_t stride,
-					  const void *a, size_t a_stride)
-{
-	if (nt > 1) {
-		avx512_prompt_q6_k(n, nrows, nt, out, out_stride, w, stride, a, a_stride);
-		return;
-	}
-	for (unsigned r = 0; r < nrows; r++)
-		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
-}
-
 /* Q8_0's vec_dotn: decoding, Q8_0_ROWS rows side by side (the rows a
  * multiple of Q8_0_ROWS leaves: the prompt kernel, which is as exact for
  * one token). */
@@ -679,14 +613,27 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
 	*out = (float)sum;
 }
 
-/* ---- eight rows by several tokens --------------------------------------- */
+/* ---- the K-quants' one-row Q6_K and eight-row kernels ------------------ */
 
 #define KR_ATTR VNNI
 #define KR_NAME(f) f##_vnni
 #define KR_DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
 #define KR_DOT1_Q4_K vec_dot_q4_k_q8_k_vnni
-#define KR_DOT1_Q6_K vec_dot_q6_k_q8_k_vnni
 #include "quant_krows_tmpl.h"
+
+/* Q6_K's vec_dotn: decoding (one token) with the one-row kernel, row after
+ * row; two tokens or more: avx512_prompt_q6_k, bit-identical to it. */
+VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
+					  size_t out_stride, const void *w, size_t stride,
+					  const void *a, size_t a_stride)
+{
+	if (nt > 1) {
+		avx512_prompt_q6_k(n, nrows, nt, out, out_stride, w, stride, a, a_stride);
+		return;
+	}
+	for (unsigned r = 0; r < nrows; r++)
+		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
+}
 
 /* ---- the table -------------------------------------------------------- */
 

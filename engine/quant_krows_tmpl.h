@@ -8,11 +8,11 @@
  *   KR_DPWSSD(acc, a, b) acc + madd(a, b): an int32 accumulation, which
  *                        VNNI does in one instruction (integers: exact in
  *                        any order, so both sets give the same lanes)
- *   KR_DOT1_Q4_K, KR_DOT1_Q6_K  the set's one-row vec_dot, for one token
- *                        (KR_DOT1_Q4_K: where the set has its own; else
- *                        the one-row Q4_K kernel below)
+ *   KR_DOT1_Q4_K         optional: the set's own one-row Q4_K vec_dot, for
+ *                        one token (else the one-row kernel below)
  * and defines, besides the vec_dot8s, the one-row Q4_K and Q5_K kernel
- * (KR_NAME(dot_q45_k); KR_NAME(vec_dot_q5_k_q8_k) is its Q5_K vec_dot).
+ * (KR_NAME(dot_q45_k); KR_NAME(vec_dot_q5_k_q8_k) is its Q5_K vec_dot) and
+ * the one-row Q6_K one (KR_NAME(vec_dot_q6_k_q8_k)).
  * Each row and token is bit-identical to the set's vec_dot: the same int32
  * lanes, the same float steps in the same order, block after block.
  */
@@ -288,6 +288,59 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 }
 
 /*
+ * Q6_K, one row: unsigned 6-bit q times y minus 32 * y, in 16 bits (|pair| <=
+ * 2^13), then madd with the signed scales and the add (KR_DPWSSD): the low
+ * 128-bit lane of each 32 activations holds elements 0-15 (scale 2k), the
+ * high lane 16-31 (scale 2k+1).  The sixteen scales are widened once a block
+ * and each pair put in place by one pshufb; the row K_PREFETCH_ROWS ahead is
+ * prefetched (quant_x86_i.h).
+ */
+KR_ATTR static void KR_NAME(vec_dot_q6_k_q8_k)(size_t n, float *out, const void *w,
+						const void *a)
+{
+	const struct eng_block_q6_k *x = w;
+	const struct eng_block_q8_k *y = a;
+	const __m256i m32 = _mm256_set1_epi8(32);
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
+	__m256i shuf[4];
+	__m256 acc = _mm256_setzero_ps();
+
+	for (int k = 0; k < 4; k++)
+		shuf[k] = _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 * (4 * k + 3) + 4 * k + 2)),
+					   _mm_set1_epi16((short)(0x0100 * (4 * k + 1) + 4 * k)));
+	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+		const float d = y[i].d * fp16(x[i].d);
+		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
+		__m256i sumi = _mm256_setzero_si256();
+
+		/* the lines of block i of that row, 210 bytes: four or five (the
+		 * fifth is the next block's first) */
+		for (int l = 0; l < 4; l++)
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+
+		for (int h = 0; h < ENG_QK_K / 128; h++) {
+			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
+			const int8_t *q8 = y[i].qs + 128 * h;
+			/* scales 8h .. 8h + 7 in both halves */
+			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
+					      : _mm256_permute4x64_epi64(sc16, 0x44);
+			__m256i q[4];
+
+			q6_k_unpack(ql, qhp, q);
+			for (int k = 0; k < 4; k++) {
+				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
+				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk),
+								     _mm256_maddubs_epi16(m32, yk));
+
+				sumi = KR_DPWSSD(sumi, p16, _mm256_shuffle_epi8(sch, shuf[k]));
+			}
+		}
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+	}
+	*out = hsum_f32x8(acc);
+}
+
+/*
  * Q6_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
  * token bit-identical to vec_dot_q6_k_q8_k, as for Q4_K above: each 128
  * elements of a row are unpacked to 6-bit quants once for eight tokens.
@@ -398,7 +451,8 @@ KR_ATTR static void KR_NAME(vec_dot8_q6_k_q8_k)(size_t n, unsigned nt, float *ou
 {
 	if (nt == 1) { /* decoding: nothing to share, the one-row kernel */
 		for (int r = 0; r < 8; r++)
-			KR_DOT1_Q6_K(n, out + r, (const uint8_t *)w + (size_t)r * stride, a);
+			KR_NAME(vec_dot_q6_k_q8_k)(n, out + r, (const uint8_t *)w + (size_t)r * stride,
+						   a);
 		return;
 	}
 	for (int r = 0; r < 8; r++) {
@@ -556,4 +610,3 @@ KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *ou
 #undef KR_NAME
 #undef KR_DPWSSD
 #undef KR_DOT1_Q4_K
-#undef KR_DOT1_Q6_K
