@@ -368,7 +368,7 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx)
 		return EXIT_BAD_INPUT;
 	}
 	/* a mixture of experts tells the pager its routes, and, if the pager
-	 * reads ahead on them (not with stratad --no-lookahead), its guesses
+	 * reads ahead on them (stratad --lookahead), its guesses
 	 * of the next layer's: a guess costs a router's bytes a layer */
 	for (unsigned i = 0; s->pc && i < s->n_seqs; i++) {
 		eng_ctx_set_route_hook(s->seqs[i], route_to_pager, s->pc);

@@ -2,7 +2,7 @@
  * stratad.c - the pager daemon's command line.
  *
  *   stratad [--config FILE] --socket PATH [--budget SIZE|auto] [--mode MODE]
- *           [--no-pressure] [--no-lookahead] [--resident N] [--window N]
+ *           [--no-pressure] [--lookahead] [--resident N] [--window N]
  *           [--allow-group GROUP] [--probe-io] [--io-cache FILE] [--io-chunk SIZE] [--io-depth N]
  *           [--verbose] MODEL.gguf...
  *
@@ -32,7 +32,7 @@
 
 static const char usage_text[] =
 	"usage: stratad [--config FILE] --socket PATH [--fuse DIR] [--budget SIZE|auto]\n"
-	"               [--mode MODE] [--no-pressure] [--no-lookahead] [--resident N]\n"
+	"               [--mode MODE] [--no-pressure] [--lookahead] [--resident N]\n"
 	"               [--window N] [--allow-group GROUP] [--probe-io] [--io-cache FILE]\n"
 	"               [--io-chunk SIZE] [--io-depth N] [--verbose] MODEL.gguf...\n"
 	"\n"
@@ -50,9 +50,10 @@ static const char usage_text[] =
 	"                  (default: all to resident layers but what engines declare),\n"
 	"                  balanced (a quarter kept for engines' context), context (half)\n"
 	"  --no-pressure   do not shed resident layers under memory pressure\n"
-	"  --no-lookahead  a mixture of experts: engines make no guess of the next\n"
-	"                  layer's experts (a router's bytes a layer) and none are read\n"
-	"                  ahead; for models whose routing the guess misses\n"
+	"  --lookahead     a mixture of experts: engines guess the next layer's experts\n"
+	"                  (a router's bytes a layer) and those are read ahead; pays\n"
+	"                  where faults wait long for experts and the guesses are used\n"
+	"                  (off by default; --no-lookahead: off)\n"
 	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
 	"  --window N      streamed layers read ahead (default 2)\n"
 	"  --allow-group GROUP  let processes of GROUP connect too (the socket becomes\n"
@@ -74,6 +75,7 @@ static const struct option lo[] = {
 	{ "budget", required_argument, NULL, 'b' },
 	{ "mode", required_argument, NULL, 'm' },
 	{ "no-pressure", no_argument, NULL, 'N' },
+	{ "lookahead", no_argument, NULL, 'A' },
 	{ "no-lookahead", no_argument, NULL, 'L' },
 	{ "resident", required_argument, NULL, 'r' },
 	{ "window", required_argument, NULL, 'w' },
@@ -271,8 +273,11 @@ int main(int argc, char **argv)
 		case 'N':
 			cfg.no_pressure = true;
 			break;
+		case 'A':
+			cfg.lookahead = true;
+			break;
 		case 'L':
-			cfg.no_lookahead = true;
+			cfg.lookahead = false;
 			break;
 		case 'C':
 			cfg.io_cache = optarg;

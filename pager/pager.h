@@ -53,8 +53,8 @@ struct pager_config {
 				 * followed as it changes (budget.c) */
 	const char *mode;       /* "speed" (NULL), "balanced", "context": plan_i.h */
 	bool no_pressure;       /* do not watch memory pressure (pressure.c) */
-	bool no_lookahead;      /* ask engines for no HINT, read nothing on one
-				 * (experts.c) */
+	bool lookahead;         /* ask engines for HINTs and read experts ahead
+				 * on them (experts.c); off: a HINT is only scored */
 	int resident;           /* layers kept resident; -1 = as many as fit */
 	unsigned window;        /* streamed layers read ahead; 0 = default (2) */
 	unsigned n_models;
@@ -111,9 +111,8 @@ int pager_client_open(const struct pager_client_config *cfg, struct pager_client
  * engines, less what the others declared), and *limit, the most it may
  * declare at all (more is refused); UINT64_MAX: the daemon has no budget. */
 void pager_client_room(const struct pager_client *c, uint64_t *room, uint64_t *limit);
-/* Does the daemon read experts ahead on a HINT (not with stratad
- * --no-lookahead)?  Its MODEL says so; an engine that is not asked spares
- * itself the guess. */
+/* Does the daemon read experts ahead on a HINT (stratad --lookahead)?  Its
+ * MODEL says so; an engine that is not asked spares itself the guess. */
 bool pager_client_wants_hints(const struct pager_client *c);
 /* Tell the daemon how much memory this client needs besides the model (its
  * KV cache and buffers), of which kv_bytes its KV cache, once it knows;

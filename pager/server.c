@@ -203,7 +203,7 @@ static void on_hello(struct client *c, const struct proto_msg *msg)
 	proto_put_u64(mp + 40, room);
 	proto_put_u64(mp + 48, limit);
 	/* hints are asked for only where they are read on (experts.c) */
-	proto_put_u32(mp + 56, !p->cfg.no_lookahead && m->lay->n_experts ? PROTO_MODEL_HINTS : 0);
+	proto_put_u32(mp + 56, p->cfg.lookahead && m->lay->n_experts ? PROTO_MODEL_HINTS : 0);
 	proto_put_u32(mp + 60, 0);
 	if (proto_send(c->fd, PROTO_MODEL, mp, sizeof(mp), m->memfd) ||
 	    (m->n_slots && proto_send(c->fd, PROTO_SLOTS, NULL, 0, m->slotfd)))

@@ -164,7 +164,7 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 		   (unsigned long long)x->misses, rate, (unsigned long long)loads,
 		   (unsigned long long)evictions, (unsigned long long)x->bytes_read,
 		   (unsigned long long)x->passes, per_pass, (unsigned long long)x->fuse_misses,
-		   (unsigned long long)drops, m->p->cfg.no_lookahead ? "false" : "true",
+		   (unsigned long long)drops, m->p->cfg.lookahead ? "true" : "false",
 		   (unsigned long long)x->hinted, (unsigned long long)x->ahead_loads,
 		   (unsigned long long)x->ahead_used, (unsigned long long)x->hint_routed,
 		   (unsigned long long)x->hint_right, acc, (unsigned long long)x->in_flight);
@@ -181,10 +181,10 @@ static void render_experts(struct sbuf *s, const struct model *m, bool json)
 		      "ahead%s, %llu of them routed to; %llu routed while in flight\n",
 		   acc, (unsigned long long)x->hint_right, (unsigned long long)x->hint_routed,
 		   (unsigned long long)x->ahead_loads,
-		   m->p->cfg.no_lookahead ? " (off: hints only scored)" : "",
+		   !m->p->cfg.lookahead ? " (off: hints only scored)" : "",
 		   (unsigned long long)x->ahead_used, (unsigned long long)x->in_flight);
-	else if (!json && m->p->cfg.no_lookahead)
-		sb(s, "  lookahead   off (--no-lookahead: no guesses, nothing read ahead)\n");
+	else if (!json && !m->p->cfg.lookahead)
+		sb(s, "  lookahead   off (no guesses, nothing read ahead; stratad --lookahead)\n");
 	if (!json)
 		sb(s, "  in memory   [");
 	for (unsigned layer = 0; layer < l->n_layers; layer++) {

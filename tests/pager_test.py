@@ -34,7 +34,8 @@
               ignored
   experts     a mixture of experts an expert at a time: a budget that evicts
               experts; logits bit-identical to mmap, with the lookahead's
-              reads ahead and without (--no-lookahead: no hint sent), the
+              reads ahead (--lookahead) and without (the default: no hint
+              sent), the
               expert cache in the status; a HINT reads its experts before
               any fault; hostile ROUTEs and HINTs dropped
   experts-shed  SIGUSR1 while an engine streams a mixture of experts whose
@@ -1372,7 +1373,7 @@ def case_experts():
         need = st["minimum_bytes"] + d.status()["declared_bytes"]
         per_layer = st["experts"]["bytes"] // len(st["experts"]["resident"])
         d.stop()
-        d = Daemon([p], "--budget", str(need + per_layer))
+        d = Daemon([p], "--budget", str(need + per_layer), "--lookahead")
         out = os.path.join(TMP, f"experts.{b}")
         r = run_eval(p, toks, out, d.sock, ("-b", b))
         check(f"experts: batch {b} through expert units is bit-identical to mmap",
@@ -1432,7 +1433,7 @@ def case_experts():
     # mapping (no fault at all) hints two experts of the last layer, which a
     # fresh daemon has not read; they come into memory, counted as read
     # ahead, before anything faults on them.
-    d = Daemon([p], "--budget", str(need + per_layer))
+    d = Daemon([p], "--budget", str(need + per_layer), "--lookahead")
     last = len(d.model(m)["layers"]) - 1
     before = d.model(m)["experts"]
     s, keep = uffd_session(d.sock, name)
@@ -1448,17 +1449,17 @@ def case_experts():
     for fd in keep:
         os.close(fd)
     d.stop()
-    # --no-lookahead: the engine is not asked for hints, so it computes no
-    # guess and sends none, nothing is read ahead, and the logits are the
-    # same
-    d = Daemon([p], "--budget", str(need + per_layer), "--no-lookahead")
+    # Without --lookahead (the default): the engine is not asked for hints,
+    # so it computes no guess and sends none, nothing is read ahead, and the
+    # logits are the same
+    d = Daemon([p], "--budget", str(need + per_layer))
     out = os.path.join(TMP, "experts.nolook")
     r = run_eval(p, toks, out, d.sock, ("-b", "1"))
     la = d.model(m)["experts"]["lookahead"]
     text = subprocess.run([CTL, "--socket", d.sock, "status"], capture_output=True,
                           text=True).stdout
     d.stop()
-    check("experts: --no-lookahead is bit-identical to mmap, sends no hint, reads nothing ahead",
+    check("experts: without --lookahead, bit-identical to mmap, no hint sent, nothing read ahead",
           r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read() and
           not la["on"] and la["hinted"] == 0 and la["read_ahead"] == 0 and
           "lookahead   off" in text, r.stderr.strip() + str(la) + text)

@@ -5,7 +5,7 @@ plain mmap, inside one memory cgroup (issue 22).
   tools/bench-moe.py --model M.gguf [--model M2.gguf ...]
                      --llama NAME=PATH[:LIBDIR] [--llama NAME2=PATH2 ...]
                      [--compute-model C.gguf] [--limit 8G] [--reps 3]
-                     [--tokens 16] [--threads 2] [--no-lookahead-too]
+                     [--tokens 16] [--threads 2] [--lookahead-too]
                      [--strata-build NAME=BUILD_DIR ...]
 
 The device is emulated by a memory cgroup (v1) of --limit bytes.  Per
@@ -27,10 +27,10 @@ repetition, interleaved (each model: strata, then each llama-bench):
             process took a pass while the engine ran (user and system, all
             threads, the daemon's io_uring workers too; the engine's
             includes its start and warm-up token).
-  strata no-lookahead  with --no-lookahead-too, the same with
-            `stratad --no-lookahead` (the engine computes no guess and
-            sends no hint, nothing is read ahead): the lookahead's worth,
-            its guess's cost included, interleaved.
+  strata lookahead  with --lookahead-too, the same with
+            `stratad --lookahead` (the engine computes its guess of the
+            next layer's experts and sends it, and they are read ahead):
+            the lookahead's worth, its guess's cost included, interleaved.
   strata NAME  with --strata-build NAME=BUILD_DIR, the same with the strata,
             stratad and stratactl of another build (e.g. of the commit
             before a change), interleaved too.
@@ -75,7 +75,7 @@ ap.add_argument("--reps", type=int, default=3)
 ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--compute-model", default="")
-ap.add_argument("--no-lookahead-too", action="store_true")
+ap.add_argument("--lookahead-too", action="store_true")
 ap.add_argument("--strata-build", action="append", default=[], help="NAME=BUILD_DIR")
 a = ap.parse_args()
 
@@ -147,8 +147,8 @@ def run_llama(path, lib):
     return run
 
 
-engines = [("strata", run_strata)] + ([("strata no-lookahead", lambda m, cg: run_strata(
-    m, cg, ["--no-lookahead"]))] if a.no_lookahead_too else []) + [
+engines = [("strata", run_strata)] + ([("strata lookahead", lambda m, cg: run_strata(
+    m, cg, ["--lookahead"]))] if a.lookahead_too else []) + [
     ("strata " + n, (lambda b: lambda m, cg: run_strata(m, cg, build=b))(d))
     for n, _, d in (x.partition("=") for x in a.strata_build)] + [
     ("llama.cpp " + n, run_llama(p, lib)) for n, p, lib in map(llama_spec, a.llama)]
