@@ -14,6 +14,16 @@
  * eventfd the daemon's epoll loop watches; pio_reap() finishes them, resubmits
  * short reads and calls back once per chunk.
  *
+ * Bounced reads (pio_read_to) go to a file instead of a mapping: each chunk
+ * is read (O_DIRECT) into the ring's own bounce arena, whose pages are
+ * touched once and reused, then written to the file (the model's memfd) by
+ * IORING_OP_WRITE.  A read straight into the memfd's mapping has the kernel
+ * fault in, zero and map every new page first; on the Zen 5 guest that was
+ * 0.70-0.92 ms of CPU a MiB against 0.40-0.46 through a reused buffer and a
+ * write, which does not zero the whole pages it fills (docs/benchmarks.md,
+ * issue 22).  The arena is taken in 64 KiB grains; a chunk that finds no
+ * room waits, and the reads behind it too (they stay in order).
+ *
  * Single-threaded: only the daemon's event loop calls in.
  */
 #include "io_i.h"
@@ -36,10 +46,18 @@ struct chunk {
 	uint64_t len;
 	uint64_t eof; /* file size: a short read ending here is complete */
 	void *tag;
+	/* bounced (dst_fd >= 0): read into the arena at base, then written to
+	 * dst_fd at dst_off; got: bytes read so far, then written so far */
+	int dst_fd;
+	bool writing;
+	uint8_t *base;
+	uint64_t dst_off, got;
+	unsigned grain, grains;
 };
 
 /* Requests in flight at most, however small. */
 #define IO_MAX_INFLIGHT 64
+#define BOUNCE_GRAIN (64u << 10)
 
 struct pager_io {
 	struct io_uring ring;
@@ -51,6 +69,9 @@ struct pager_io {
 	struct chunk *head, *tail; /* waiting to be submitted */
 	uint64_t busy_since_ns;    /* when inflight went from 0 to 1 */
 	uint64_t busy_ns;          /* total time with reads in flight */
+	uint8_t *arena;            /* bounced reads' buffer (pio_bounce) */
+	uint64_t arena_bytes;
+	bool *grain_taken;         /* [arena_bytes / BOUNCE_GRAIN] */
 };
 
 int pio_create(unsigned depth, uint64_t chunk, struct pager_io **out)
@@ -109,7 +130,59 @@ void pio_destroy(struct pager_io *io)
 	}
 	io_uring_queue_exit(&io->ring);
 	close(io->efd);
+	free(io->arena);
+	free(io->grain_taken);
 	free(io);
+}
+
+int pio_bounce(struct pager_io *io, uint64_t bytes)
+{
+	bytes = (bytes + BOUNCE_GRAIN - 1) / BOUNCE_GRAIN * BOUNCE_GRAIN;
+	if (io->arena || !bytes)
+		return io->arena && bytes == io->arena_bytes ? 0 : -EINVAL;
+	io->grain_taken = calloc(bytes / BOUNCE_GRAIN, sizeof(*io->grain_taken));
+	if (!io->grain_taken || posix_memalign((void **)&io->arena, 4096, bytes)) {
+		free(io->grain_taken);
+		io->grain_taken = NULL;
+		io->arena = NULL;
+		return -ENOMEM;
+	}
+	io->arena_bytes = bytes;
+	return 0;
+}
+
+uint64_t pio_bounce_bytes(const struct pager_io *io)
+{
+	return io ? io->arena_bytes : 0;
+}
+
+/* Room in the arena for chunk c (first fit), or false. */
+static bool take_grains(struct pager_io *io, struct chunk *c)
+{
+	unsigned n = (unsigned)(io->arena_bytes / BOUNCE_GRAIN), need;
+	unsigned run = 0;
+
+	need = (unsigned)((c->len + BOUNCE_GRAIN - 1) / BOUNCE_GRAIN);
+	for (unsigned g = 0; g < n; g++) {
+		run = io->grain_taken[g] ? 0 : run + 1;
+		if (run == need) {
+			c->grain = g + 1 - need;
+			c->grains = need;
+			for (unsigned k = c->grain; k <= g; k++)
+				io->grain_taken[k] = true;
+			c->base = c->buf = io->arena + (uint64_t)c->grain * BOUNCE_GRAIN;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* A bounced chunk is done (written, or failed): its grains are free. */
+static void drop_grains(struct pager_io *io, struct chunk *c)
+{
+	for (unsigned k = c->grain; k < c->grain + c->grains; k++)
+		io->grain_taken[k] = false;
+	c->grains = 0;
 }
 
 int pio_fd(const struct pager_io *io)
@@ -121,15 +194,20 @@ static void submit_waiting(struct pager_io *io)
 {
 	bool any = false;
 
+	/* writes from the arena take no device time: they never wait for
+	 * reads in flight */
 	while (io->head && io->inflight < IO_MAX_INFLIGHT &&
-	       (io->inflight == 0 ||
+	       (io->inflight == 0 || io->head->writing ||
 		io->inflight_bytes + io->head->len <= io->chunk * io->depth)) {
-		struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
 		struct chunk *c = io->head;
+		struct io_uring_sqe *sqe;
 
+		if (c->dst_fd >= 0 && !c->base && !take_grains(io, c))
+			break; /* the arena is full: when a chunk's write is done */
+		sqe = io_uring_get_sqe(&io->ring);
 		if (!sqe)
 			break;
-		io->inflight_bytes += c->punch ? 0 : c->len;
+		io->inflight_bytes += c->punch || c->writing ? 0 : c->len;
 		io->head = c->next;
 		if (!io->head)
 			io->tail = NULL;
@@ -137,6 +215,9 @@ static void submit_waiting(struct pager_io *io)
 			io_uring_prep_fallocate(sqe, c->fd,
 						FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 						(off_t)c->off, (off_t)c->len);
+		else if (c->writing)
+			io_uring_prep_write(sqe, c->dst_fd, c->base + c->got, (unsigned)c->len,
+					    c->dst_off + c->got);
 		else
 			io_uring_prep_read(sqe, c->fd, c->buf, (unsigned)c->len, c->off);
 		/* Straight to the ring's workers: a read into pages the memfd
@@ -164,6 +245,15 @@ static void enqueue(struct pager_io *io, struct chunk *c)
 	io->tail = c;
 }
 
+/* Ahead of the reads waiting: a write frees its grains for them. */
+static void enqueue_first(struct pager_io *io, struct chunk *c)
+{
+	c->next = io->head;
+	io->head = c;
+	if (!io->tail)
+		io->tail = c;
+}
+
 int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t len,
 	     uint64_t eof, void *tag)
 {
@@ -174,13 +264,32 @@ int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t l
 
 		if (!c)
 			return n ? n : -ENOMEM;
-		c->punch = false;
-		c->fd = fd;
-		c->buf = buf + pos;
-		c->off = off + pos;
-		c->len = len - pos < io->chunk ? len - pos : io->chunk;
-		c->eof = eof;
-		c->tag = tag;
+		*c = (struct chunk){ .fd = fd, .buf = buf + pos, .off = off + pos,
+				     .len = len - pos < io->chunk ? len - pos : io->chunk,
+				     .eof = eof, .tag = tag, .dst_fd = -1 };
+		enqueue(io, c);
+		n++;
+	}
+	submit_waiting(io);
+	return n;
+}
+
+int pio_read_to(struct pager_io *io, int fd, uint64_t off, uint64_t len, uint64_t eof,
+		int dst_fd, uint64_t dst_off, void *tag)
+{
+	uint64_t step = io->chunk < io->arena_bytes ? io->chunk : io->arena_bytes;
+	int n = 0;
+
+	if (!io->arena || dst_fd < 0)
+		return -EINVAL;
+	for (uint64_t pos = 0; pos < len; pos += step) {
+		struct chunk *c = malloc(sizeof(*c));
+
+		if (!c)
+			return n ? n : -ENOMEM;
+		*c = (struct chunk){ .fd = fd, .off = off + pos,
+				     .len = len - pos < step ? len - pos : step, .eof = eof,
+				     .tag = tag, .dst_fd = dst_fd, .dst_off = dst_off + pos };
 		enqueue(io, c);
 		n++;
 	}
@@ -194,6 +303,7 @@ int pio_punch(struct pager_io *io, int fd, uint64_t off, uint64_t len, void *tag
 
 	if (!c)
 		return -ENOMEM;
+	c->dst_fd = -1;
 	c->punch = true;
 	c->fd = fd;
 	c->off = off;
@@ -202,6 +312,44 @@ int pio_punch(struct pager_io *io, int fd, uint64_t off, uint64_t len, void *tag
 	enqueue(io, c);
 	submit_waiting(io);
 	return 0;
+}
+
+/* A bounced chunk's read or write completed with res: on to its write, or
+ * done. */
+static void bounced(struct pager_io *io, struct chunk *c, int res, pio_done_fn done, void *arg)
+{
+	bool end = !c->writing && res == 0 && c->off >= c->eof; /* read at the end */
+
+	if (res < 0 || (res == 0 && !end)) {
+		drop_grains(io, c);
+		done(c->tag, res < 0 ? res : -EIO, 0, true, arg);
+		free(c);
+		return;
+	}
+	c->got += (uint64_t)res;
+	if (!c->writing) {
+		if ((uint64_t)res < c->len && c->off + (uint64_t)res < c->eof) {
+			/* short, before the end of the file: read the rest (O_DIRECT
+			 * keeps 4 KiB granularity, so it stays aligned) */
+			c->buf += res;
+			c->off += (uint64_t)res;
+			c->len -= (uint64_t)res;
+			enqueue_first(io, c);
+			return;
+		}
+		c->writing = true;
+		c->len = c->got;
+		c->got = 0;
+	} else {
+		c->len -= (uint64_t)res;
+	}
+	if (c->len) {
+		enqueue_first(io, c);
+		return;
+	}
+	drop_grains(io, c);
+	done(c->tag, 0, c->got, true, arg);
+	free(c);
 }
 
 void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
@@ -216,11 +364,15 @@ void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
 		int res = cqe->res;
 
 		io_uring_cqe_seen(&io->ring, cqe);
-		io->inflight_bytes -= c->punch ? 0 : c->len;
+		io->inflight_bytes -= c->punch || c->writing ? 0 : c->len;
 		if (--io->inflight == 0)
 			io->busy_ns += pager_now_ns() - io->busy_since_ns;
 		if (res == -EINTR || res == -EAGAIN) {
 			enqueue(io, c);
+			continue;
+		}
+		if (c->dst_fd >= 0) {
+			bounced(io, c, res, done, arg);
 			continue;
 		}
 		if (c->punch) {

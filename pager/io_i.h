@@ -22,6 +22,16 @@ int pio_fd(const struct pager_io *io);
  * chunks queued (each completes with one last=true callback) or -errno. */
 int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t len,
 	     uint64_t eof, void *tag);
+/* The bounce arena of pio_read_to: `bytes` (rounded up to 64 KiB), once;
+ * 0 or -errno. */
+int pio_bounce(struct pager_io *io, uint64_t bytes);
+/* Its size; 0 without one (or without io). */
+uint64_t pio_bounce_bytes(const struct pager_io *io);
+/* Queue a read of [off, off+len) of fd into file dst_fd at dst_off, through
+ * the arena (io.c): the chunks as pio_read's, each calling back once its
+ * bytes are written (bytes: how many); -EINVAL without an arena. */
+int pio_read_to(struct pager_io *io, int fd, uint64_t off, uint64_t len, uint64_t eof,
+		int dst_fd, uint64_t dst_off, void *tag);
 /* Queue a punch hole of [off, off+len) in fd; completes with one last=true
  * callback with bytes 0. */
 int pio_punch(struct pager_io *io, int fd, uint64_t off, uint64_t len, void *tag);

@@ -544,7 +544,9 @@ int pager_load_at(struct model *m, unsigned u, int slot)
 			m->ex.held += un->bytes;
 	}
 	/* Each extent: into the memfd, or, in a slot, its own pages there (one
-	 * after the other) and any shared boundary page into the memfd. */
+	 * after the other) and any shared boundary page into the memfd.  An
+	 * expert's bytes reach the memfd through the reader's arena and a
+	 * write (pio_read_to), not as new pages faulted into the mapping. */
 	uint64_t at = m->us[u].slot >= 0 ? (uint64_t)m->us[u].slot * m->slot_size : 0;
 	for (unsigned i = 0; i < un->n_ext && !m->us[u].io_err; i++) {
 		const struct pager_extent *e = &un->ext[i];
@@ -561,9 +563,15 @@ int pager_load_at(struct model *m, unsigned u, int slot)
 			at += own.len;
 		}
 		for (unsigned k = 0; k < 3; k++) {
-			int n = part[k].len ? pio_read(m->p->io, m->fd, dst[k], part[k].off, part[k].len,
-						       m->lay->file_size, tag)
-					    : 0;
+			/* an expert into the memfd: through the reader's arena
+			 * and a write, not into new pages of the mapping (io.c) */
+			bool bounce = dst[k] == m->map + part[k].off && pager_is_expert(m->lay, u) &&
+				      pio_bounce_bytes(m->p->io);
+			int n = !part[k].len ? 0
+				: bounce     ? pio_read_to(m->p->io, m->fd, part[k].off, part[k].len,
+							   m->lay->file_size, m->memfd, part[k].off, tag)
+					     : pio_read(m->p->io, m->fd, dst[k], part[k].off, part[k].len,
+							m->lay->file_size, tag);
 
 			if (n < 0) {
 				m->us[u].io_err = n;
@@ -680,11 +688,11 @@ static unsigned copies(const struct model *m)
 	return n ? n : 1;
 }
 
-/* What the consumers need beside the model's pages (the mount's staging
- * buffers), once for all models. */
+/* What the consumers and the reader need beside the model's pages (the
+ * mount's staging buffers, the reader's bounce arena), once for all models. */
 static uint64_t consumers_fixed(const struct pager *p)
 {
-	uint64_t b = 0;
+	uint64_t b = pio_bounce_bytes(p->io);
 
 	for (unsigned i = 0; i < p->n_consumers; i++)
 		b += p->consumers[i]->fixed_bytes;

@@ -817,6 +817,11 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		snprintf(err, errlen, "io_uring: %s", strerror(rc ? -rc : errno));
 		goto fail;
 	}
+	for (unsigned i = 0; i < p->n_models; i++)
+		if (p->models[i].lay->n_experts && (rc = pio_bounce(p->io, PAGER_BOUNCE_BYTES))) {
+			snprintf(err, errlen, "the reader's buffer: %s", strerror(-rc));
+			goto fail;
+		}
 	rc = bind_socket(p, err, errlen);
 	if (rc)
 		goto fail;

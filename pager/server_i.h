@@ -492,6 +492,9 @@ void pager_fuse_event(struct pager *p, void *ptr);
 #define PAGER_FUSE_SLOTS 8
 #define PAGER_FUSE_SLOT (4u << 20)
 #define PAGER_FUSE_STAGING ((uint64_t)PAGER_FUSE_SLOTS * PAGER_FUSE_SLOT)
+/* The reader's bounce arena (io.c) when a model has experts: their reads go
+ * through it into the memfd, about a dozen experts' extents in flight. */
+#define PAGER_BOUNCE_BYTES (16ull << 20)
 void pager_fuse_stop(struct pager *p);
 
 /* status.c */
