@@ -9,7 +9,9 @@ plain mmap, inside one memory cgroup (issue 22).
                      [--strata-build NAME=BUILD_DIR ...]
 
 The device is emulated by a memory cgroup (v1) of --limit bytes.  Per
-repetition, interleaved (each model: strata, then each llama-bench):
+repetition, interleaved (each model: strata, the other builds and settings
+below, then each llama-bench; every other repetition in the reverse
+order, so that none runs first in every round):
 
   strata    stratad started inside the cgroup with no --budget (its budget
             is the cgroup's limit less its reserve, docs/design.md), and
@@ -159,7 +161,9 @@ for rep in range(a.reps):
         print(f"rep {rep + 1} compute: {compute_s * 1e3:.0f} ms a token, "
               f"{a.compute_model} resident", file=sys.stderr)
     for m in a.model:
-        for who, fn in engines:
+        # the engines in turn, the other way round every other repetition,
+        # so that none always runs first (A B, B A: a drift cancels)
+        for who, fn in engines if rep % 2 == 0 else engines[::-1]:
             with bench_lock():
                 drop_caches()
                 cg = Cgroup(limit, "strata-bench-moe")
