@@ -139,7 +139,7 @@ int pio_bounce(struct pager_io *io, uint64_t bytes)
 {
 	bytes = (bytes + BOUNCE_GRAIN - 1) / BOUNCE_GRAIN * BOUNCE_GRAIN;
 	if (io->arena || !bytes)
-		return io->arena && bytes == io->arena_bytes ? 0 : -EINVAL;
+		return -EINVAL;
 	io->grain_taken = calloc(bytes / BOUNCE_GRAIN, sizeof(*io->grain_taken));
 	if (!io->grain_taken || posix_memalign((void **)&io->arena, 4096, bytes)) {
 		free(io->grain_taken);
@@ -254,19 +254,23 @@ static void enqueue_first(struct pager_io *io, struct chunk *c)
 		io->tail = c;
 }
 
-int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t len,
-	     uint64_t eof, void *tag)
+/* Queue [first.off, first.off + len) as chunks of at most `step` bytes, each
+ * a copy of `first` moved on (its buffer, or its destination); returns how
+ * many were queued, or -errno. */
+static int queue_reads(struct pager_io *io, struct chunk first, uint64_t len, uint64_t step)
 {
 	int n = 0;
 
-	for (uint64_t pos = 0; pos < len; pos += io->chunk) {
+	for (uint64_t pos = 0; pos < len; pos += step) {
 		struct chunk *c = malloc(sizeof(*c));
 
 		if (!c)
 			return n ? n : -ENOMEM;
-		*c = (struct chunk){ .fd = fd, .buf = buf + pos, .off = off + pos,
-				     .len = len - pos < io->chunk ? len - pos : io->chunk,
-				     .eof = eof, .tag = tag, .dst_fd = -1 };
+		*c = first;
+		c->buf = first.buf ? first.buf + pos : NULL;
+		c->off = first.off + pos;
+		c->dst_off = first.dst_off + pos;
+		c->len = len - pos < step ? len - pos : step;
 		enqueue(io, c);
 		n++;
 	}
@@ -274,27 +278,22 @@ int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t l
 	return n;
 }
 
+int pio_read(struct pager_io *io, int fd, uint8_t *buf, uint64_t off, uint64_t len,
+	     uint64_t eof, void *tag)
+{
+	return queue_reads(io, (struct chunk){ .fd = fd, .buf = buf, .off = off, .eof = eof,
+					       .tag = tag, .dst_fd = -1 },
+			   len, io->chunk);
+}
+
 int pio_read_to(struct pager_io *io, int fd, uint64_t off, uint64_t len, uint64_t eof,
 		int dst_fd, uint64_t dst_off, void *tag)
 {
-	uint64_t step = io->chunk < io->arena_bytes ? io->chunk : io->arena_bytes;
-	int n = 0;
-
 	if (!io->arena || dst_fd < 0)
 		return -EINVAL;
-	for (uint64_t pos = 0; pos < len; pos += step) {
-		struct chunk *c = malloc(sizeof(*c));
-
-		if (!c)
-			return n ? n : -ENOMEM;
-		*c = (struct chunk){ .fd = fd, .off = off + pos,
-				     .len = len - pos < step ? len - pos : step, .eof = eof,
-				     .tag = tag, .dst_fd = dst_fd, .dst_off = dst_off + pos };
-		enqueue(io, c);
-		n++;
-	}
-	submit_waiting(io);
-	return n;
+	return queue_reads(io, (struct chunk){ .fd = fd, .off = off, .eof = eof, .tag = tag,
+					       .dst_fd = dst_fd, .dst_off = dst_off },
+			   len, io->chunk < io->arena_bytes ? io->chunk : io->arena_bytes);
 }
 
 int pio_punch(struct pager_io *io, int fd, uint64_t off, uint64_t len, void *tag)

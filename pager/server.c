@@ -817,7 +817,8 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		snprintf(err, errlen, "io_uring: %s", strerror(rc ? -rc : errno));
 		goto fail;
 	}
-	for (unsigned i = 0; i < p->n_models; i++)
+	/* one arena, if any model has experts */
+	for (unsigned i = 0; i < p->n_models && !pio_bounce_bytes(p->io); i++)
 		if (p->models[i].lay->n_experts && (rc = pio_bounce(p->io, PAGER_BOUNCE_BYTES))) {
 			snprintf(err, errlen, "the reader's buffer: %s", strerror(-rc));
 			goto fail;
