@@ -21,8 +21,11 @@
  * fault in, zero and map every new page first; on the Zen 5 guest that was
  * 0.70-0.92 ms of CPU a MiB against 0.40-0.46 through a reused buffer and a
  * write, which does not zero the whole pages it fills (docs/benchmarks.md,
- * issue 22).  The arena is taken in 64 KiB grains; a chunk that finds no
- * room waits, and the reads behind it too (they stay in order).
+ * issue 22).  The writes into one memfd run one after another (io_uring
+ * gives a file's buffered writes to one worker, and the write takes the
+ * inode's lock anyway), each making its pages.  The arena is taken in 64
+ * KiB grains; a chunk that finds no room waits, and the reads behind it
+ * too (they stay in order).
  *
  * Single-threaded: only the daemon's event loop calls in.
  */
@@ -220,12 +223,17 @@ static void submit_waiting(struct pager_io *io)
 					    c->dst_off + c->got);
 		else
 			io_uring_prep_read(sqe, c->fd, c->buf, (unsigned)c->len, c->off);
-		/* Straight to the ring's workers: a read into pages the memfd
-		 * has not allocated yet allocates and zeroes them first (about
-		 * 0.5 s of CPU per GB here), which would otherwise run in
-		 * io_uring_submit() on this thread, one read after the other,
-		 * while faults wait.  The workers do it in parallel. */
-		sqe->flags |= IOSQE_ASYNC;
+		/* A read into pages the memfd has not allocated yet allocates
+		 * and zeroes them first (about 0.5 s of CPU per GB here), which
+		 * would otherwise run in io_uring_submit() on this thread, one
+		 * read after the other, while faults wait: straight to the
+		 * ring's workers, which do it in parallel.  A read into the
+		 * arena has nothing to allocate: it goes to the device from
+		 * here (O_DIRECT completes asynchronously), without a worker's
+		 * wake-up and switch on the way.  A write to the memfd takes
+		 * its inode's lock and makes its pages: a worker's. */
+		if (c->dst_fd < 0 || c->writing)
+			sqe->flags |= IOSQE_ASYNC;
 		io_uring_sqe_set_data(sqe, c);
 		if (io->inflight++ == 0)
 			io->busy_since_ns = pager_now_ns();
