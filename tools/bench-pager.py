@@ -32,7 +32,8 @@ Needs root for drop_caches and the cgroup.  Markdown goes to stdout.
 import argparse, json, os, signal, statistics, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-B = os.path.join(ROOT, "build")
+# the build whose programs run: build/, or STRATA_BUILD, as in benchlib.py
+B = os.environ.get("STRATA_BUILD") or os.path.join(ROOT, "build")
 STRATA, STRATAD = os.path.join(B, "strata"), os.path.join(B, "daemon", "stratad")
 CTL, MK = os.path.join(B, "tools", "stratactl"), os.path.join(B, "tools", "strata-mkmodel")
 
@@ -181,10 +182,11 @@ for f in fractions:
     runs = ", ".join(f"{x:.3f}" for x in rows[f])
     note = " (vs plain)" if streamed[f] == 0 else ""
     pt = statistics.median(prompt_rows[f])
+    pp = statistics.median(plain_prompt)
     ach = statistics.median(achieved[f])
     aruns = ", ".join(f"{x:.2f}" for x in achieved[f])
     print(f"| {f:.0%} | {streamed[f] / 2**30:.2f} GiB | {t:.3f} ({runs}) | {bound:.3f} | "
-          f"{t / bound:.2f}{note} | {pt:.3f} | {pt / statistics.median(plain_prompt):.2f} | "
+          f"{t / bound:.2f}{note} | {pt:.3f} | {f'{pt / pp:.2f}' if pp else '-'} | "
           + (f"{ach:.2f} ({aruns}) | {ach * 1e9 / bw:.2f} |" if streamed[f] else "- | - |"))
 
 if a.cgroup:
