@@ -70,8 +70,10 @@ struct pager_io {
 	uint64_t inflight_bytes;
 	uint64_t chunk;
 	struct chunk *head, *tail; /* waiting to be submitted */
-	uint64_t busy_since_ns;    /* when inflight went from 0 to 1 */
-	uint64_t busy_ns;          /* total time with reads in flight */
+	uint64_t busy_since_ns;    /* when inflight_bytes went from 0 */
+	uint64_t busy_ns;          /* total time with reads in flight (not writes
+				    * or punches: the device's bandwidth is read
+				    * over it, predict.c) */
 	uint8_t *arena;            /* bounced reads' buffer (pio_bounce) */
 	uint64_t arena_bytes;
 	bool *grain_taken;         /* [arena_bytes / BOUNCE_GRAIN] */
@@ -210,7 +212,11 @@ static void submit_waiting(struct pager_io *io)
 		sqe = io_uring_get_sqe(&io->ring);
 		if (!sqe)
 			break;
-		io->inflight_bytes += c->punch || c->writing ? 0 : c->len;
+		if (!c->punch && !c->writing) {
+			if (io->inflight_bytes == 0)
+				io->busy_since_ns = pager_now_ns();
+			io->inflight_bytes += c->len;
+		}
 		io->head = c->next;
 		if (!io->head)
 			io->tail = NULL;
@@ -235,8 +241,7 @@ static void submit_waiting(struct pager_io *io)
 		if (c->dst_fd < 0 || c->writing)
 			sqe->flags |= IOSQE_ASYNC;
 		io_uring_sqe_set_data(sqe, c);
-		if (io->inflight++ == 0)
-			io->busy_since_ns = pager_now_ns();
+		io->inflight++;
 		any = true;
 	}
 	if (any)
@@ -371,9 +376,12 @@ void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
 		int res = cqe->res;
 
 		io_uring_cqe_seen(&io->ring, cqe);
-		io->inflight_bytes -= c->punch || c->writing ? 0 : c->len;
-		if (--io->inflight == 0)
-			io->busy_ns += pager_now_ns() - io->busy_since_ns;
+		io->inflight--;
+		if (!c->punch && !c->writing) {
+			io->inflight_bytes -= c->len;
+			if (io->inflight_bytes == 0)
+				io->busy_ns += pager_now_ns() - io->busy_since_ns;
+		}
 		if (res == -EINTR || res == -EAGAIN) {
 			enqueue(io, c);
 			continue;
@@ -411,7 +419,7 @@ void pio_reap(struct pager_io *io, pio_done_fn done, void *arg)
 
 uint64_t pio_busy_ns(const struct pager_io *io)
 {
-	return io->busy_ns + (io->inflight ? pager_now_ns() - io->busy_since_ns : 0);
+	return io->busy_ns + (io->inflight_bytes ? pager_now_ns() - io->busy_since_ns : 0);
 }
 
 unsigned pio_inflight(const struct pager_io *io)
