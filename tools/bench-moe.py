@@ -65,8 +65,8 @@ peak cgroup usage, failcnt and OOM kills.  Needs root (cgroup, drop_caches).
 """
 import argparse, json, os, statistics, subprocess, sys
 
-from benchlib import STRATA, Cgroup, bench_lock, bench_paged, context, drop_caches, \
-    llama_bench, llama_spec, size
+from benchlib import STRATA, Cgroup, bench_lock, bench_paged, context, cores_loaded, \
+    drop_caches, llama_bench, llama_spec, size
 
 
 ap = argparse.ArgumentParser()
@@ -104,12 +104,7 @@ compute_s = 0  # this repetition's, with --compute-model
 
 
 def run_strata(model, cg, daemon_args=(), build=None):
-    def loaded(st):  # unit 0 and the cores
-        m = st["models"][0]
-        return m["other"]["state"] == "resident" and \
-            all(l["state"] == "resident" for l in m["layers"])
-
-    j, before, after, cpu = bench_paged(model, list(daemon_args), loaded, a.tokens,
+    j, before, after, cpu = bench_paged(model, list(daemon_args), cores_loaded, a.tokens,
                                         a.threads, cg.enter, build)
     m0, m1 = before["models"][0], after["models"][0]
     x0, x1 = m0["experts"], m1["experts"]

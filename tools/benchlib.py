@@ -155,13 +155,22 @@ def context(tokens):
     return max(64, tokens + 1)
 
 
-def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, build=None):
+def cores_loaded(st):
+    """loaded() for bench_paged with a mixture of experts: unit 0 and every
+    layer's core resident (the experts come as they are routed to)."""
+    m = st["models"][0]
+    return m["other"]["state"] == "resident" and all(l["state"] == "resident" for l in m["layers"])
+
+
+def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, build=None,
+                on_start=None):
     """stratad DAEMON_ARGS MODEL on a socket of its own and, once loaded(status)
     holds, `strata bench --pager -p 0 -n TOKENS` (one warm-up token first),
     both with preexec_fn (e.g. entering a cgroup), the programs of BUILD (a
-    build directory) if given.  Returns strata bench's JSON and the daemon's
-    status before and after it, and the CPU seconds (user and system, every
-    thread) each process spent while the engine ran: {"engine": s, "daemon": s}."""
+    build directory) if given; on_start() is called as the engine starts.
+    Returns strata bench's JSON and the daemon's status before and after it,
+    and the CPU seconds (user and system, every thread) each process spent
+    while the engine ran: {"engine": s, "daemon": s}."""
     sock = f"/tmp/strata-bench-{os.getpid()}.sock"
     stratad = os.path.join(build, "daemon", "stratad") if build else STRATAD
     strata = os.path.join(build, "strata") if build else STRATA
@@ -177,6 +186,8 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
         time.sleep(0.05)  # polling a condition with a deadline
     before = status(sock, build)
     d_cpu, e_cpu = cpu_seconds(d.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+    if on_start:
+        on_start()
     r = subprocess.run([strata, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
                         str(tokens), "-c", str(context(tokens)), "-b", "32", "-t", str(threads),
                         "--no-hw", "--json"], capture_output=True, text=True,

@@ -17,7 +17,7 @@ come first), `perf record` takes the scheduler's and io_uring's tracepoints
   requests are paired by their user_data;
 - each task's delay from wake-up to running (`perf sched latency`): the
   daemon, its io_uring workers (iou-wrk), the engine's threads;
-- the decode's tok/s and the daemon's CPU a token over the whole run.
+- the decode's tok/s and the daemon's CPU a token while the engine ran.
 
 docs/benchmarks.md, issue 22, "What an expert waits for", is what it was
 written for: a missed expert's reads, then its writes into the memfd one
@@ -25,11 +25,11 @@ after another.  perf.data and the `perf script` text stay in --out (a
 temporary directory by default) for a closer look.  Needs root, perf and
 tracefs (mounted at /sys/kernel/tracing if it is not).
 """
-import argparse, json, os, re, shutil, statistics, subprocess, sys, tempfile, threading, time
+import argparse, os, re, shutil, statistics, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import (STRATA, STRATAD, Cgroup, bench_lock, context, drop_caches, size,  # noqa: E402
-                      status)
+from benchlib import (STRATA, STRATAD, Cgroup, bench_lock, bench_paged, cores_loaded,  # noqa: E402
+                      drop_caches, size)
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--model", required=True)
@@ -61,12 +61,6 @@ def need():
                        capture_output=True)
         if not os.path.isdir("/sys/kernel/tracing/events/io_uring"):
             sys.exit("trace-pager.py: no io_uring tracepoints under /sys/kernel/tracing")
-
-
-def cpu_s(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        v = f.read().rsplit(")", 1)[1].split()
-    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def record(data, started):
@@ -121,49 +115,22 @@ need()
 out = a.out or tempfile.mkdtemp(prefix="strata-trace-")
 os.makedirs(out, exist_ok=True)
 data = os.path.join(out, "perf.data")
-sock = os.path.join(out, "stratad.sock")
 started = threading.Event()
 rec = threading.Thread(target=record, args=(data, started), daemon=True)
 rec.start()
 with bench_lock():
     drop_caches()
     cg = Cgroup(size(a.limit), "strata-trace")
-    d = None
     try:
-        d = subprocess.Popen([STRATAD, "--socket", sock, *a.daemon_args, a.model],
-                             stderr=subprocess.DEVNULL, preexec_fn=cg.enter)
-        end = time.monotonic() + 180
-        while time.monotonic() < end:  # polling a condition with a deadline
-            st = status(sock)
-            m = st and st["models"][0]
-            if m and m["other"]["state"] == "resident" and \
-                    all(l["state"] == "resident" for l in m["layers"]):
-                break
-            if d.poll() is not None:
-                sys.exit("trace-pager.py: stratad exited")
-            time.sleep(0.05)
-        else:
-            sys.exit("trace-pager.py: stratad did not load within 180 s")
-        c0 = cpu_s(d.pid)
-        e = subprocess.Popen([STRATA, "bench", "-m", a.model, "--pager", sock, "-p", "0", "-n",
-                              str(a.tokens), "-c", str(context(a.tokens)), "-b", "32", "-t",
-                              str(a.threads), "--no-hw", "--json"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, preexec_fn=cg.enter)
-        started.set()
-        so, se = e.communicate()
-        daemon_cpu = cpu_s(d.pid) - c0
+        j, _, _, cpu = bench_paged(a.model, a.daemon_args, cores_loaded, a.tokens, a.threads,
+                                   cg.enter, on_start=started.set)
     finally:
         started.set()
-        if d:
-            d.terminate()
-            d.wait(30)
         cg.remove()
 rec.join()
-if e.returncode:
-    sys.exit("trace-pager.py: strata bench failed: " + se.strip())
-tps = json.loads(so)["decode_tps"]
+tps = j["decode_tps"]
 print(f"{os.path.basename(a.model)}, {size(a.limit) >> 20} MiB cgroup, {a.tokens} tokens: "
-      f"{tps:.2f} tok/s; the daemon's CPU {daemon_cpu / a.tokens * 1e3:.1f} ms a token "
+      f"{tps:.2f} tok/s; the daemon's CPU {cpu['daemon'] / a.tokens * 1e3:.1f} ms a token "
       f"(its io_uring workers included); window {a.seconds:g} s from {a.skip:g} s after the "
       f"engine started\n")
 if not os.path.exists(data):
