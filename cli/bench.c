@@ -144,8 +144,28 @@ static double median(double *v, size_t n)
  * median pass.  The buffer is `bytes`, measure_hw's size as far as it still
  * fits.  0, -errno from the memory buffer, or 1 when decoding failed.
  */
-static int bench_pairs(struct session *s, int32_t next, long n, unsigned threads,
-		       uint64_t bytes, uint64_t tok_bytes, double *frac, double *gbps)
+/*
+ * The token decoded after `logits`: the greedy one, or with --random-tokens
+ * the next of a fixed pseudo-random sequence (*rng, xorshift64), as
+ * llama-bench feeds its decode.  A dense model reads the same weights for
+ * any token; a mixture of experts reads the experts its routers pick for
+ * it, and a random model's greedy text soon repeats itself, so its experts
+ * would be the same few again and again.
+ */
+static int32_t next_token(const struct opts *o, const float *logits, uint32_t n_vocab,
+			  uint64_t *rng)
+{
+	if (!o->random_tokens)
+		return eng_argmax(logits, n_vocab);
+	*rng ^= *rng << 13;
+	*rng ^= *rng >> 7;
+	*rng ^= *rng << 17;
+	return (int32_t)(*rng % n_vocab);
+}
+
+static int bench_pairs(struct session *s, const struct opts *o, int32_t next, long n,
+		       unsigned threads, uint64_t bytes, uint64_t tok_bytes, uint64_t *rng,
+		       double *frac, double *gbps)
 {
 	struct hwbench_mem *m = NULL;
 	double *ratio = calloc((size_t)n, sizeof(double)), *bw = calloc((size_t)n, sizeof(double));
@@ -166,7 +186,7 @@ static int bench_pairs(struct session *s, int32_t next, long n, unsigned threads
 		}
 		ratio[i] = tok_bytes / (now_s() - t0) / (r.gbps * 1e9);
 		bw[i] = r.gbps;
-		next = eng_argmax(logits, s->hp->n_vocab);
+		next = next_token(o, logits, s->hp->n_vocab, rng);
 	}
 	if (rc == 0) {
 		*frac = median(ratio, (size_t)n);
@@ -310,6 +330,11 @@ int cmd_bench(int argc, char **argv)
 		o.n_prompt = 64;
 	if (!o.seen_n)
 		o.n_predict = 32;
+	if (o.random_tokens && (o.draft_model || o.lookup)) {
+		msg("bench: --random-tokens leaves nothing for speculation to guess: not with "
+		    "--draft-model or --lookup");
+		return EXIT_USAGE;
+	}
 	rc = session_open(&s, &o, true);
 	if (rc)
 		return rc;
@@ -378,7 +403,8 @@ int cmd_bench(int argc, char **argv)
 	/* n_predict tokens (with speculation, a pass's worth more at most):
 	 * a trace line per pass, when it ended (unix time) and how long it
 	 * took */
-	int32_t next = o.n_prompt ? eng_argmax(logits, s.hp->n_vocab) : 0;
+	uint64_t rng = 0x9e3779b97f4a7c15u; /* the same tokens every run */
+	int32_t next = o.n_prompt ? next_token(&o, logits, s.hp->n_vocab, &rng) : 0;
 	while (produced < o.n_predict) {
 		double ts = now_s();
 
@@ -388,7 +414,8 @@ int cmd_bench(int argc, char **argv)
 		if (session_step(&s, greedy, next, logits, out_ids, &n_out))
 			goto fail;
 		produced += n_out;
-		next = out_ids[n_out - 1];
+		next = o.random_tokens ? next_token(&o, logits, s.hp->n_vocab, &rng)
+				       : out_ids[n_out - 1];
 		if (trace)
 			fprintf(trace, "%.6f %.6f\n", unix_s(), now_s() - ts);
 	}
@@ -439,8 +466,8 @@ int cmd_bench(int argc, char **argv)
 		/* Fitted again: the headroom may have shrunk since. */
 		char why[200];
 		uint64_t bytes = hw_fit(h.mem_bytes, HW_MEM_MIN, why, sizeof(why));
-		int prc = bytes ? bench_pairs(&s, next, n_pairs, h.threads, bytes, tok_bytes,
-					      &pair_frac, &pair_gbps)
+		int prc = bytes ? bench_pairs(&s, &o, next, n_pairs, h.threads, bytes, tok_bytes,
+					      &rng, &pair_frac, &pair_gbps)
 				: 0;
 
 		if (prc == 1)
@@ -460,7 +487,8 @@ int cmd_bench(int argc, char **argv)
 		       ", \"model_bytes\": %" PRIu64 ", \"token_weight_bytes\": %" PRIu64,
 		       o.n_prompt, produced, o.threads, pp_tps, tg_tps, rss, s.hp->weight_bytes,
 		       tok_bytes);
-		printf(", \"warmup\": %ld", o.warmup);
+		printf(", \"warmup\": %ld, \"decode_tokens\": \"%s\"", o.warmup,
+		       o.random_tokens ? "random" : "greedy");
 		printf(", \"n_ctx\": %u, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
 		       "\"kv_bytes\": %" PRIu64 ", \"ctx_bytes\": %" PRIu64,
 		       eng_ctx_n_ctx(s.ctx), eng_kv_type_name(s.type_k), eng_kv_type_name(s.type_v),
@@ -522,7 +550,8 @@ int cmd_bench(int argc, char **argv)
 		       eng_kv_type_name(s.type_k), eng_kv_type_name(s.type_v),
 		       eng_ctx_kv_bytes(s.ctx) / 1048576.0);
 		printf("prompt       %ld tokens  %.2f tok/s\n", o.n_prompt, pp_tps);
-		printf("decode       %ld tokens  %.2f tok/s\n", produced, tg_tps);
+		printf("decode       %ld tokens  %.2f tok/s%s\n", produced, tg_tps,
+		       o.random_tokens ? "  (random tokens)" : "");
 		if (s.spec) {
 			char line[200];
 

@@ -49,6 +49,7 @@ struct opts {
 	long keep;          /* run: tokens --context-shift keeps (-1: the prompt) */
 	long warmup;     /* bench: tokens decoded before measuring */
 	const char *trace; /* bench: a line per decoded token into this file */
+	bool random_tokens; /* bench: decode pseudo-random tokens, not the greedy ones */
 	struct eng_sampler_config samp;
 	/* run, bench: speculative decoding (spec.c) */
 	const char *draft_model;
@@ -81,6 +82,7 @@ enum {
 	OPT_NO_HW,
 	OPT_WARMUP,
 	OPT_TRACE,
+	OPT_RANDOM_TOKENS,
 	OPT_CACHE_K,
 	OPT_CACHE_V,
 	OPT_CONTEXT_SHIFT,

@@ -36,7 +36,7 @@ const char usage_text[] =
 	"  tokenize -m MODEL [--no-bos] [--text STRING]   (stdin without --text)\n"
 	"  bench    -m MODEL [-p N] [-n N] [-t THREADS] [-c CTX] [-b BATCH] [--json]\n"
 	"           [--warmup N] [--no-hw] [--trace FILE] [SPECULATION]\n"
-	"           [--pass-sizes N,N,...]\n"
+	"           [--pass-sizes N,N,...] [--random-tokens]\n"
 	"  serve    -m MODEL [--host ADDR] [--port N] [-np N] [--queue N] [--api-key KEY]\n"
 	"           [--alias NAME] [--chat-template NAME] [-c CTX] [-t THREADS] [-b BATCH]\n"
 	"           (an OpenAI-compatible HTTP server: /v1/chat/completions, ...)\n"
@@ -116,6 +116,7 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 		{ "no-hw", no_argument, NULL, OPT_NO_HW },
 		{ "warmup", required_argument, NULL, OPT_WARMUP },
 		{ "trace", required_argument, NULL, OPT_TRACE },
+		{ "random-tokens", no_argument, NULL, OPT_RANDOM_TOKENS },
 		{ "cache-type-k", required_argument, NULL, OPT_CACHE_K },
 		{ "cache-type-v", required_argument, NULL, OPT_CACHE_V },
 		{ "context-shift", no_argument, NULL, OPT_CONTEXT_SHIFT },
@@ -254,6 +255,9 @@ int parse_opts(int argc, char **argv, const char *cmd, struct opts *o)
 			break;
 		case OPT_TRACE:
 			o->trace = optarg;
+			break;
+		case OPT_RANDOM_TOKENS:
+			o->random_tokens = true;
 			break;
 		case OPT_CACHE_K:
 		case OPT_CACHE_V:

@@ -205,6 +205,23 @@ d = json.load(open(sys.argv[3]))
 assert d["warmup"] == 0 and d["cold_token_s"] is None and d["first_token_s"] is None, d
 PY
 check "bench --warmup: cold token, warm-up beyond the context, none" $?
+# --random-tokens: the decode feeds tokens of a fixed pseudo-random sequence
+# (llama-bench's workload), said so in the output; a trace line a token;
+# speculation has nothing to guess then: a usage error.
+"$S" bench -m "$F/models/stories260K.gguf" -p 0 -n 6 --no-hw --random-tokens --json \
+	--trace "$T/rt.trace" >"$T/rt.json" &&
+	python3 - "$T/rt.json" "$T/rt.trace" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["decode_tokens"] == "random" and d["n_decode"] == 6 and d["decode_tps"] > 0, d
+assert len(open(sys.argv[2]).read().splitlines()) == 6
+PY
+check "bench --random-tokens: random tokens, a trace line each" $?
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 2 --no-hw --json | grep -q '"decode_tokens": "greedy"'
+check "bench: greedy tokens by default" $?
+"$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 2 --no-hw --random-tokens | grep -q "^decode .*(random tokens)"
+check "bench --random-tokens: the decode line says so" $?
+expect "usage: --random-tokens with --lookup" 1 "$S" bench -m "$F/models/stories260K.gguf" --random-tokens --lookup
 "$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --no-hw >"$T/w.txt" &&
 	grep -Eq "^cold token +$num s +\(the first token after loading" "$T/w.txt"
 check "bench: cold token line" $?
