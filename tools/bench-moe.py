@@ -16,13 +16,20 @@ order, so that none runs first in every round):
   strata    stratad started inside the cgroup with no --budget (its budget
             is the cgroup's limit less its reserve, docs/design.md), and
             once unit 0 and the layers' cores are in memory,
-            `strata bench --pager -p 0 -n TOKENS` inside it too (one
-            warm-up token first, as llama-bench does).  The daemon's status
-            before and after gives the expert cache's hit rate, the experts'
-            bytes read per pass, the read bandwidth achieved while reads
-            were in flight, the engine's compute a token (its wall time
-            less the fault waits) and the bound
-            1 / max(compute, missed expert bytes a token / probed bandwidth).
+            `strata bench --pager -p 0 -n TOKENS --random-tokens` inside
+            it too (one warm-up token first, and random tokens, as
+            llama-bench decodes: the tokens choose the experts read).  The
+            daemon's status before and after gives the expert cache's hit
+            rate, the experts' bytes read per pass, the read bandwidth
+            achieved while reads were in flight, the engine's compute a
+            token (its wall time less the fault waits) and the bound
+            1 / max(compute, missed expert bytes a token / probed bandwidth),
+            with the bytes a token averaged over the run; and the same
+            bound token by token (the sum over the tokens of max(compute,
+            that token's bytes / probed bandwidth), each token's bytes those
+            read while it ran, from `strata bench --trace` and `stratactl
+            watch --json` every 50 ms), which a cold cache, reading most in
+            the first tokens, holds lower.
             Also the lookahead's accuracy (of the experts routed to, the
             share the engine's hint for that layer had named) and the
             experts read ahead on hints a token.  And the CPU time each
@@ -63,9 +70,9 @@ sessions measure in between: run the script itself WITHOUT an outer
 so).  Prints a markdown table of medians (decode tok/s), per-run values,
 peak cgroup usage, failcnt and OOM kills.  Needs root (cgroup, drop_caches).
 """
-import argparse, json, os, statistics, subprocess, sys
+import argparse, bisect, json, os, statistics, subprocess, sys, tempfile, threading, time
 
-from benchlib import STRATA, Cgroup, bench_lock, bench_paged, context, cores_loaded, \
+from benchlib import CTL, STRATA, Cgroup, bench_lock, bench_paged, context, cores_loaded, \
     drop_caches, llama_bench, llama_spec, size
 
 
@@ -103,9 +110,81 @@ def resident_compute(model):
 compute_s = 0  # this repetition's, with --compute-model
 
 
+def tokens_arg(build):
+    """Decode random tokens, as llama-bench does (a mixture of experts reads
+    the experts its tokens route to): `strata bench --random-tokens`, where
+    the build has it."""
+    r = subprocess.run([os.path.join(build, "strata") if build else STRATA], capture_output=True,
+                       text=True)
+    if "--random-tokens" in r.stderr + r.stdout:
+        return ["--random-tokens"]
+    print(f"note: {build or 'strata'} has no --random-tokens: it decodes greedy tokens",
+          file=sys.stderr)
+    return []
+
+
+class ExpertReads:
+    """The experts' bytes read so far, as `stratactl watch --json` reports them
+    every 50 ms while the engine runs: (unix time it arrived, bytes) pairs."""
+
+    def __init__(self, build):
+        self.ctl = os.path.join(build, "tools", "stratactl") if build else CTL
+        self.t, self.b, self.p = [], [], None
+
+    def start(self, sock):
+        self.p = subprocess.Popen([self.ctl, "--socket", sock, "watch", "--json", "--interval",
+                                   "0.05"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True)
+        self.reader = threading.Thread(target=self.read, daemon=True)
+        self.reader.start()
+
+    def read(self):
+        for line in self.p.stdout:  # ends when the daemon stops
+            self.t.append(time.time())
+            self.b.append(json.loads(line)["models"][0]["experts"]["bytes_read"])
+
+    def stop(self):
+        if not self.p:
+            return  # the engine never started
+        self.p.terminate()
+        self.p.wait()
+        self.reader.join()
+
+    def at(self, t):
+        """Bytes read by unix time t, linear between the reports."""
+        i = bisect.bisect(self.t, t)
+        if i == 0 or i == len(self.t):
+            return self.b[min(i, len(self.b) - 1)] if self.b else 0
+        f = (t - self.t[i - 1]) / (self.t[i] - self.t[i - 1])
+        return self.b[i - 1] + f * (self.b[i] - self.b[i - 1])
+
+
+def per_token_bound(trace, reads, compute, probed):
+    """Tokens a second at the bound taken token by token: the sum over the
+    decoded tokens of max(compute, that token's expert bytes / probed), each
+    token's bytes those read while it ran (its trace line: when it ended and
+    how long it took).  Reports 50 ms apart spread a token's bytes over its
+    neighbours, which lowers the sum: the bound comes out high, if anything."""
+    with open(trace) as f:
+        toks = [tuple(map(float, line.split())) for line in f]
+    total = sum(max(compute, (reads.at(end) - reads.at(end - took)) / probed)
+                for end, took in toks)
+    return len(toks) / total
+
+
 def run_strata(model, cg, daemon_args=(), build=None):
-    j, before, after, cpu = bench_paged(model, list(daemon_args), cores_loaded, a.tokens,
-                                        a.threads, cg.enter, build)
+    reads = ExpertReads(build)
+    with tempfile.NamedTemporaryFile(mode="r", prefix="strata-moe-", suffix=".trace") as trace:
+        try:
+            j, before, after, cpu = bench_paged(
+                model, list(daemon_args), cores_loaded, a.tokens, a.threads, cg.enter, build,
+                on_start=reads.start, engine_args=["--trace", trace.name, *tokens_arg(build)])
+        finally:
+            reads.stop()
+        m1 = after["models"][0]
+        tok_bound = per_token_bound(trace.name, reads, compute_s or
+                                    m1["speed"]["compute_ms"] / 1e3,
+                                    after["io"]["probed_gbps"] * 1e9)
     m0, m1 = before["models"][0], after["models"][0]
     x0, x1 = m0["experts"], m1["experts"]
     routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
@@ -130,6 +209,7 @@ def run_strata(model, cg, daemon_args=(), build=None):
             "gbps": (io1["bytes_read"] - io0["bytes_read"]) / busy / 1e9 if busy > 0 else 0,
             "mib_tok": per_tok / 2**20, "compute": compute, "probed": probed / 1e9,
             "bound": 1 / token_s, "frac": j["decode_tps"] * token_s,
+            "tok_bound": tok_bound, "tok_frac": j["decode_tps"] / tok_bound,
             "cap": x1["capacity_bytes"] >> 20,
             "remaps_tok": remaps / passes, "remap_us": remap_ms * 1e3 / remaps if remaps else 0,
             "cpu_engine": cpu["engine"] / passes, "cpu_daemon": cpu["daemon"] / passes,
@@ -173,7 +253,8 @@ for rep in range(a.reps):
             print(f"rep {rep + 1} {os.path.basename(m)} {who}: {r['tps']:.3f} tok/s" +
                   (f", hit rate {r['hit']:.3f}, {r['mib_tok']:.1f} MiB/token, compute "
                    f"{r['compute'] * 1e3:.0f} ms, reads {r['gbps']:.2f} GB/s, "
-                   f"bound {r['bound']:.2f} ({r['frac']:.2f}), lookahead accuracy {r['acc']:.3f}, "
+                   f"bound {r['bound']:.2f} ({r['frac']:.2f}), token by token "
+                   f"{r['tok_bound']:.2f} ({r['tok_frac']:.2f}), lookahead accuracy {r['acc']:.3f}, "
                    f"{r['ahead_tok']:.1f} read ahead a token ({r['ahead_used']:.2f} used), "
                    f"{r['inflight_tok']:.1f} routed in flight a token, faults waited "
                    f"{r['wait']:.1f} ms a token (summed over threads), the daemon's compute "
@@ -201,7 +282,7 @@ llamas = [who for who, _ in engines if who.startswith("llama")]
 cols = ["model", "strata tok/s (runs)"] + [f"{w} tok/s (runs)" for w in llamas] + \
     (["strata / llama.cpp"] if llamas else []) + \
     ["expert hit rate", "expert MiB read / token", "compute ms / token", "reads GB/s",
-     "bound tok/s", "strata / bound",
+     "bound tok/s", "strata / bound", "bound token by token", "strata / it",
      "peak MiB strata / llama.cpp" if llamas else "peak MiB", "OOM kills"]
 print("| " + " | ".join(cols) + " |")
 print("|" + "---|" * len(cols))
@@ -216,7 +297,8 @@ for m in a.model:
         [f"{v:.2f} ({runs(res[m][w])})" for v, w in zip(ml, llamas)] + \
         ([f"{ms / max(ml):.2f}" if max(ml) else "0.00"] if llamas else []) + \
         [f"{med(s, 'hit'):.3f}", f"{med(s, 'mib_tok'):.0f}", f"{med(s, 'compute') * 1e3:.0f}",
-         f"{med(s, 'gbps'):.2f}", f"{med(s, 'bound'):.2f}", f"{med(s, 'frac'):.2f}", peak,
+         f"{med(s, 'gbps'):.2f}", f"{med(s, 'bound'):.2f}", f"{med(s, 'frac'):.2f}",
+         f"{med(s, 'tok_bound'):.2f}", f"{med(s, 'tok_frac'):.2f} ({runs(s, 'tok_frac')})", peak,
          str(sum(x["oom"] for w in res[m] for x in res[m][w]))]
     print("| " + " | ".join(row) + " |")
 s0 = res[a.model[0]]["strata"][0]

@@ -163,11 +163,12 @@ def cores_loaded(st):
 
 
 def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, build=None,
-                on_start=None):
+                on_start=None, engine_args=()):
     """stratad DAEMON_ARGS MODEL on a socket of its own and, once loaded(status)
-    holds, `strata bench --pager -p 0 -n TOKENS` (one warm-up token first),
-    both with preexec_fn (e.g. entering a cgroup), the programs of BUILD (a
-    build directory) if given; on_start() is called as the engine starts.
+    holds, `strata bench --pager -p 0 -n TOKENS ENGINE_ARGS` (one warm-up
+    token first), both with preexec_fn (e.g. entering a cgroup), the programs
+    of BUILD (a build directory) if given; on_start(sock) is called as the
+    engine starts.
     Returns strata bench's JSON and the daemon's status before and after it,
     and the CPU seconds (user and system, every thread) each process spent
     while the engine ran: {"engine": s, "daemon": s}."""
@@ -187,10 +188,10 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
     before = status(sock, build)
     d_cpu, e_cpu = cpu_seconds(d.pid), resource.getrusage(resource.RUSAGE_CHILDREN)
     if on_start:
-        on_start()
+        on_start(sock)
     r = subprocess.run([strata, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
                         str(tokens), "-c", str(context(tokens)), "-b", "32", "-t", str(threads),
-                        "--no-hw", "--json"], capture_output=True, text=True,
+                        "--no-hw", "--json", *engine_args], capture_output=True, text=True,
                        preexec_fn=preexec_fn)
     after = status(sock, build)
     e = resource.getrusage(resource.RUSAGE_CHILDREN)  # strata bench, waited for

@@ -123,7 +123,7 @@ with bench_lock():
     cg = Cgroup(size(a.limit), "strata-trace")
     try:
         j, _, _, cpu = bench_paged(a.model, a.daemon_args, cores_loaded, a.tokens, a.threads,
-                                   cg.enter, on_start=started.set)
+                                   cg.enter, on_start=lambda sock: started.set())
     finally:
         started.set()
         cg.remove()
