@@ -68,7 +68,11 @@ from the drop to its end, and lets it go between runs, so that other
 sessions measure in between: run the script itself WITHOUT an outer
 `flock /tmp/strata-bench.lock` (it would wait for itself; it exits saying
 so).  Prints a markdown table of medians (decode tok/s), per-run values,
-peak cgroup usage, failcnt and OOM kills.  Needs root (cgroup, drop_caches).
+peak cgroup usage, failcnt and OOM kills, and the guest's free page reporting
+(virtio-balloon): on a guest that hands free memory back to its host, the
+memory the expert cache grows into costs a host fault a page, several times
+what it costs on bare metal (docs/benchmarks.md, issue 22).  Needs root
+(cgroup, drop_caches).
 """
 import argparse, bisect, json, os, statistics, subprocess, sys, tempfile, threading, time
 
@@ -229,6 +233,24 @@ engines = [("strata", run_strata)] + ([("strata lookahead", lambda m, cg: run_st
     ("strata " + n, (lambda b: lambda m, cg: run_strata(m, cg, build=b))(d))
     for n, _, d in (x.partition("=") for x in a.strata_build)] + [
     ("llama.cpp " + n, run_llama(p, lib)) for n, p, lib in map(llama_spec, a.llama)]
+
+
+def page_reporting():
+    """This guest's free page reporting (virtio-balloon): the order of the
+    free blocks it hands back to the host (absent: no reporting), and KiB
+    handed back so far.  Memory handed back costs a host fault a page when
+    next touched (docs/benchmarks.md, issue 22, session 42)."""
+    d = "/sys/module/page_reporting/parameters"
+    try:
+        with open(os.path.join(d, "page_reporting_order")) as f:
+            order = int(f.read())
+        with open(os.path.join(d, "reported_kib")) as f:
+            return order, int(f.read())
+    except (OSError, ValueError):
+        return None, 0
+
+
+reporting = page_reporting()
 res = {m: {who: [] for who, _ in engines} for m in a.model}
 for rep in range(a.reps):
     if a.compute_model:
@@ -307,6 +329,11 @@ print(f"\nstratad: budget {s0['budget']} MiB, expert cache {s0['cap']} MiB; read
       "; ".join(f"{os.path.basename(m)} " +
                 ", ".join(f"{w} {max(x['failcnt'] for x in res[m][w])}" for w in res[m])
                 for m in a.model))
+order, kib = page_reporting()
+# blocks above the largest order (10 on x86) are never free: nothing is handed back
+print("Free page reporting: " + ("none" if order is None else
+      f"order {order} ({'off' if order > 10 else 'on'}), {(kib - reporting[1]) >> 10} MiB "
+      "handed back to the host during the runs"))
 if len([w for w, _ in engines if w.startswith("strata")]) > 1:
     print("\n| model | strata | tok/s (runs) | expert hit rate | expert MiB read / token | "
           "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
