@@ -134,17 +134,6 @@ static double median(double *v, size_t n)
 }
 
 /*
- * The paired fraction: n more tokens decoded, each right after one pass
- * over the memory buffer, and the median over tokens of (weight bytes per
- * token / that token's time) / (the pass's bandwidth).  The machine is
- * shared: a neighbour's load comes and goes within a run, and the fastest
- * of measure_hw's passes is the machine at its quietest, while the decode
- * line is the average over whatever came.  A token against the bandwidth
- * read just before it compares the two under the same load.  *gbps gets the
- * median pass.  The buffer is `bytes`, measure_hw's size as far as it still
- * fits.  0, -errno from the memory buffer, or 1 when decoding failed.
- */
-/*
  * The token decoded after `logits`: the greedy one, or with --random-tokens
  * the next of a fixed pseudo-random sequence (*rng, xorshift64), as
  * llama-bench feeds its decode.  A dense model reads the same weights for
@@ -163,6 +152,17 @@ static int32_t next_token(const struct opts *o, const float *logits, uint32_t n_
 	return (int32_t)(*rng % n_vocab);
 }
 
+/*
+ * The paired fraction: n more tokens decoded (next_token), each right after one pass
+ * over the memory buffer, and the median over tokens of (weight bytes per
+ * token / that token's time) / (the pass's bandwidth).  The machine is
+ * shared: a neighbour's load comes and goes within a run, and the fastest
+ * of measure_hw's passes is the machine at its quietest, while the decode
+ * line is the average over whatever came.  A token against the bandwidth
+ * read just before it compares the two under the same load.  *gbps gets the
+ * median pass.  The buffer is `bytes`, measure_hw's size as far as it still
+ * fits.  0, -errno from the memory buffer, or 1 when decoding failed.
+ */
 static int bench_pairs(struct session *s, const struct opts *o, int32_t next, long n,
 		       unsigned threads, uint64_t bytes, uint64_t tok_bytes, uint64_t *rng,
 		       double *frac, double *gbps)

@@ -29,7 +29,9 @@ order, so that none runs first in every round):
             that token's bytes / probed bandwidth), each token's bytes those
             read while it ran, from `strata bench --trace` and `stratactl
             watch --json` every 50 ms), which a cold cache, reading most in
-            the first tokens, holds lower.
+            the first tokens, holds lower (its tokens are the decoded ones
+            only: the warm-up token's bytes, in the average, are not in it,
+            which in short runs can make it the higher).
             Also the lookahead's accuracy (of the experts routed to, the
             share the engine's hint for that layer had named) and the
             experts read ahead on hints a token.  And the CPU time each
@@ -144,8 +146,12 @@ class ExpertReads:
 
     def read(self):
         for line in self.p.stdout:  # ends when the daemon stops
+            try:
+                b = json.loads(line)["models"][0]["experts"]["bytes_read"]
+            except (ValueError, KeyError, IndexError):
+                break  # cut off as the daemon stopped
             self.t.append(time.time())
-            self.b.append(json.loads(line)["models"][0]["experts"]["bytes_read"])
+            self.b.append(b)
 
     def stop(self):
         if not self.p:
@@ -185,11 +191,10 @@ def run_strata(model, cg, daemon_args=(), build=None):
                 on_start=reads.start, engine_args=["--trace", trace.name, *tokens_arg(build)])
         finally:
             reads.stop()
-        m1 = after["models"][0]
+        m0, m1 = before["models"][0], after["models"][0]
         tok_bound = per_token_bound(trace.name, reads, compute_s or
                                     m1["speed"]["compute_ms"] / 1e3,
                                     after["io"]["probed_gbps"] * 1e9)
-    m0, m1 = before["models"][0], after["models"][0]
     x0, x1 = m0["experts"], m1["experts"]
     routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
     passes = x1["passes"] - x0["passes"]
