@@ -76,10 +76,11 @@ memory the expert cache grows into costs a host fault a page, several times
 what it costs on bare metal (docs/benchmarks.md, issue 22).  Needs root
 (cgroup, drop_caches).
 """
-import argparse, bisect, json, os, statistics, subprocess, sys, tempfile, threading, time
+import argparse, bisect, functools, json, os, statistics, subprocess, sys, tempfile, threading, \
+    time
 
-from benchlib import CTL, STRATA, Cgroup, bench_lock, bench_paged, context, cores_loaded, \
-    drop_caches, llama_bench, llama_spec, size
+from benchlib import STRATA, Cgroup, bench_lock, bench_paged, context, cores_loaded, \
+    drop_caches, llama_bench, llama_spec, program, size
 
 
 ap = argparse.ArgumentParser()
@@ -116,12 +117,12 @@ def resident_compute(model):
 compute_s = 0  # this repetition's, with --compute-model
 
 
+@functools.cache  # once a build
 def tokens_arg(build):
     """Decode random tokens, as llama-bench does (a mixture of experts reads
     the experts its tokens route to): `strata bench --random-tokens`, where
     the build has it."""
-    r = subprocess.run([os.path.join(build, "strata") if build else STRATA], capture_output=True,
-                       text=True)
+    r = subprocess.run([program("strata", build)], capture_output=True, text=True)
     if "--random-tokens" in r.stderr + r.stdout:
         return ["--random-tokens"]
     print(f"note: {build or 'strata'} has no --random-tokens: it decodes greedy tokens",
@@ -134,7 +135,7 @@ class ExpertReads:
     every 50 ms while the engine runs: (unix time it arrived, bytes) pairs."""
 
     def __init__(self, build):
-        self.ctl = os.path.join(build, "tools", "stratactl") if build else CTL
+        self.ctl = program("tools/stratactl", build)
         self.t, self.b, self.p = [], [], None
 
     def start(self, sock):
@@ -169,14 +170,13 @@ class ExpertReads:
         return self.b[i - 1] + f * (self.b[i] - self.b[i - 1])
 
 
-def per_token_bound(trace, reads, compute, probed):
+def per_token_bound(toks, reads, compute, probed):
     """Tokens a second at the bound taken token by token: the sum over the
     decoded tokens of max(compute, that token's expert bytes / probed), each
-    token's bytes those read while it ran (its trace line: when it ended and
-    how long it took).  Reports 50 ms apart spread a token's bytes over its
-    neighbours, which lowers the sum: the bound comes out high, if anything."""
-    with open(trace) as f:
-        toks = [tuple(map(float, line.split())) for line in f]
+    token's bytes those read while it ran (toks: its trace lines, when it
+    ended and how long it took).  Reports 50 ms apart spread a token's bytes
+    over its neighbours, which lowers the sum: the bound comes out high, if
+    anything."""
     total = sum(max(compute, (reads.at(end) - reads.at(end - took)) / probed)
                 for end, took in toks)
     return len(toks) / total
@@ -191,10 +191,8 @@ def run_strata(model, cg, daemon_args=(), build=None):
                 on_start=reads.start, engine_args=["--trace", trace.name, *tokens_arg(build)])
         finally:
             reads.stop()
-        m0, m1 = before["models"][0], after["models"][0]
-        tok_bound = per_token_bound(trace.name, reads, compute_s or
-                                    m1["speed"]["compute_ms"] / 1e3,
-                                    after["io"]["probed_gbps"] * 1e9)
+        toks = [tuple(map(float, line.split())) for line in trace]
+    m0, m1 = before["models"][0], after["models"][0]
     x0, x1 = m0["experts"], m1["experts"]
     routed = (x1["hits"] + x1["misses"]) - (x0["hits"] + x0["misses"])
     passes = x1["passes"] - x0["passes"]
@@ -202,6 +200,7 @@ def run_strata(model, cg, daemon_args=(), build=None):
     probed = after["io"]["probed_gbps"] * 1e9
     compute = compute_s or m1["speed"]["compute_ms"] / 1e3
     token_s = max(compute, per_tok / probed)  # a token at the bound
+    tok_bound = per_token_bound(toks, reads, compute, probed)
     io0, io1 = before["io"], after["io"]
     busy = (io1["busy_ms"] - io0["busy_ms"]) / 1e3
     keys = ("routed", "predicted", "read_ahead", "read_ahead_used", "routed_in_flight")

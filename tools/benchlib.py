@@ -22,6 +22,12 @@ CTL = os.path.join(BUILD, "tools", "stratactl")
 IOBENCH = os.path.join(BUILD, "tools", "strata-iobench")
 MKMODEL = os.path.join(BUILD, "tools", "strata-mkmodel")
 
+
+def program(path, build=None):
+    """A program of BUILD, a build directory (e.g. another commit's), or of
+    the default build: program("daemon/stratad", build)."""
+    return os.path.join(build or BUILD, path)
+
 # flock(1)'s lock file: whoever measures speed on this shared machine holds it
 LOCK = "/tmp/strata-bench.lock"
 
@@ -85,8 +91,7 @@ def status(sock, build=None):
     """The daemon's `stratactl status --json`, or None while it does not answer
     (stratactl of BUILD, a build directory, if given: it speaks its daemon's
     protocol)."""
-    ctl = os.path.join(build, "tools", "stratactl") if build else CTL
-    r = subprocess.run([ctl, "--socket", sock, "status", "--json"], capture_output=True, text=True)
+    r = subprocess.run([program("tools/stratactl", build), "--socket", sock, "status", "--json"], capture_output=True, text=True)
     return json.loads(r.stdout) if r.returncode == 0 else None
 
 
@@ -173,9 +178,8 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
     and the CPU seconds (user and system, every thread) each process spent
     while the engine ran: {"engine": s, "daemon": s}."""
     sock = f"/tmp/strata-bench-{os.getpid()}.sock"
-    stratad = os.path.join(build, "daemon", "stratad") if build else STRATAD
-    strata = os.path.join(build, "strata") if build else STRATA
-    d = subprocess.Popen([stratad, "--socket", sock, *daemon_args, model],
+    strata = program("strata", build)
+    d = subprocess.Popen([program("daemon/stratad", build), "--socket", sock, *daemon_args, model],
                          stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     end = time.monotonic() + 180
     while time.monotonic() < end:
