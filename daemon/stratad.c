@@ -2,7 +2,7 @@
  * stratad.c - the pager daemon's command line.
  *
  *   stratad [--config FILE] --socket PATH [--budget SIZE|auto] [--mode MODE]
- *           [--no-pressure] [--lookahead] [--resident N] [--window N]
+ *           [--no-pressure] [--lookahead] [--populate] [--resident N] [--window N]
  *           [--allow-group GROUP] [--probe-io] [--io-cache FILE] [--io-chunk SIZE] [--io-depth N]
  *           [--verbose] MODEL.gguf...
  *
@@ -32,9 +32,10 @@
 
 static const char usage_text[] =
 	"usage: stratad [--config FILE] --socket PATH [--fuse DIR] [--budget SIZE|auto]\n"
-	"               [--mode MODE] [--no-pressure] [--lookahead] [--resident N]\n"
-	"               [--window N] [--allow-group GROUP] [--probe-io] [--io-cache FILE]\n"
-	"               [--io-chunk SIZE] [--io-depth N] [--verbose] MODEL.gguf...\n"
+	"               [--mode MODE] [--no-pressure] [--lookahead] [--populate]\n"
+	"               [--resident N] [--window N] [--allow-group GROUP] [--probe-io]\n"
+	"               [--io-cache FILE] [--io-chunk SIZE] [--io-depth N] [--verbose]\n"
+	"               MODEL.gguf...\n"
 	"\n"
 	"  --config FILE   read settings from FILE first: one per line, an option's\n"
 	"                  name and value (\"budget 6G\", \"no-pressure\"), \"model PATH\"\n"
@@ -54,6 +55,9 @@ static const char usage_text[] =
 	"                  (a router's bytes a layer) and those are read ahead; pays\n"
 	"                  where faults wait long for experts and the guesses are used\n"
 	"                  (off by default; --no-lookahead: off)\n"
+	"  --populate      a mixture of experts: make the expert cache's pages before\n"
+	"                  serving, so that expert reads never wait for new memory\n"
+	"                  (for virtual machines that hand free memory to their host)\n"
 	"  --resident N    keep N layers resident (default: as many as the budget allows)\n"
 	"  --window N      streamed layers read ahead (default 2)\n"
 	"  --allow-group GROUP  let processes of GROUP connect too (the socket becomes\n"
@@ -77,6 +81,7 @@ static const struct option lo[] = {
 	{ "no-pressure", no_argument, NULL, 'N' },
 	{ "lookahead", no_argument, NULL, 'A' },
 	{ "no-lookahead", no_argument, NULL, 'L' },
+	{ "populate", no_argument, NULL, 'O' },
 	{ "resident", required_argument, NULL, 'r' },
 	{ "window", required_argument, NULL, 'w' },
 	{ "probe-io", no_argument, NULL, 'P' },
@@ -278,6 +283,9 @@ int main(int argc, char **argv)
 			break;
 		case 'L':
 			cfg.lookahead = false;
+			break;
+		case 'O':
+			cfg.populate = true;
 			break;
 		case 'C':
 			cfg.io_cache = optarg;

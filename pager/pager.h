@@ -55,6 +55,8 @@ struct pager_config {
 	bool no_pressure;       /* do not watch memory pressure (pressure.c) */
 	bool lookahead;         /* ask engines for HINTs and read experts ahead
 				 * on them (experts.c); off: a HINT is only scored */
+	bool populate;          /* make the expert cache's pages before serving
+				 * (residency.c, pager_slots_populate) */
 	int resident;           /* layers kept resident; -1 = as many as fit */
 	unsigned window;        /* streamed layers read ahead; 0 = default (2) */
 	unsigned n_models;

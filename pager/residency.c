@@ -30,6 +30,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -363,6 +364,97 @@ void pager_slots_destroy(struct model *m)
 		close(m->slotfd);
 	free(m->slot_unit);
 	free(m->slot_touched);
+}
+
+/*
+ * --populate: the expert cache's slots get their pages before the daemon
+ * serves, as many as its capacity holds, and every expert read then lands
+ * on pages that exist.  Without it the cache grows into new memory, whose
+ * cost is the kernel's allocation and zeroing and, on a virtual machine
+ * whose free memory the guest hands back to its host (free page
+ * reporting), a host fault every 4 KiB: on the Zen 5 guest 3 ms of CPU a
+ * MiB, in the engine's time (docs/design.md, "Where an expert is read").
+ * The pages are made by MADV_POPULATE_WRITE from one thread a CPU (at most
+ * POPULATE_THREADS), started and joined here: the daemon's loop has not
+ * begun, and nothing else touches the slots yet.  They stay until the
+ * cache shrinks (trim punches free slots) or the daemon ends.
+ */
+#define POPULATE_THREADS 4
+
+struct populate_part {
+	pthread_t thread;
+	uint8_t *base;
+	size_t len;
+	int err; /* 0 or errno */
+};
+
+static void *populate_part(void *arg)
+{
+	struct populate_part *pp = arg;
+
+	pp->err = madvise(pp->base, pp->len, MADV_POPULATE_WRITE) ? errno : 0;
+	return NULL;
+}
+
+int pager_slots_populate(struct model *m)
+{
+	struct populate_part part[POPULATE_THREADS];
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned n = 0, k, per;
+	uint64_t t0 = pager_now_ns();
+	int err = 0;
+
+	if (!m->lay->n_experts || !m->n_slots) {
+		pager_log(PAGER_LOG_NOTICE,
+			  "%s: --populate: no expert slots to make (%s)", m->name,
+			  m->lay->n_experts ? "a mount serves the model" : "not a mixture of experts");
+		return 0;
+	}
+	if (m->ex.capacity == UINT64_MAX) {
+		pager_log(PAGER_LOG_NOTICE,
+			  "%s: --populate: the expert cache has no bound (no budget): nothing made ahead",
+			  m->name);
+		return 0;
+	}
+	while (n < m->n_slots && m->ex.held + (n + 1) * m->slot_size <= m->ex.capacity)
+		n++;
+	if (!n)
+		return 0;
+	k = cpus < 1 ? 1 : cpus < POPULATE_THREADS ? (unsigned)cpus : POPULATE_THREADS;
+	k = k < n ? k : n;
+	per = (n + k - 1) / k;
+	for (unsigned i = 0; i < k; i++) {
+		unsigned first = i * per, count = first + per <= n ? per : n - first;
+
+		part[i] = (struct populate_part){ .base = m->slot_map + first * m->slot_size,
+						  .len = count * m->slot_size };
+		if (pthread_create(&part[i].thread, NULL, populate_part, &part[i])) {
+			populate_part(&part[i]); /* no thread: this one makes them */
+			part[i].thread = 0;
+		}
+	}
+	for (unsigned i = 0; i < k; i++) {
+		if (part[i].thread)
+			pthread_join(part[i].thread, NULL);
+		if (part[i].err && !err)
+			err = part[i].err;
+	}
+	if (err) {
+		/* what was made is not counted: give it back */
+		if (fallocate(m->slotfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+			      (off_t)(n * m->slot_size)))
+			pager_log_errno(PAGER_LOG_ERR, errno, "%s: freeing the slots", m->name);
+		return -err;
+	}
+	for (unsigned s = 0; s < n; s++) {
+		m->slot_touched[s] = true;
+		m->slots_free++;
+	}
+	m->slot_bytes += n * m->slot_size;
+	m->ex.held += n * m->slot_size;
+	pager_log(PAGER_LOG_NOTICE, "%s: populated %u expert slots (%.0f MiB) in %.1f s, %u threads",
+		  m->name, n, n * m->slot_size / 1048576.0, (pager_now_ns() - t0) / 1e9, k);
+	return 0;
 }
 
 /* The slot unit u would be read into, or -1 (the memfd): a free one whose

@@ -859,6 +859,14 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		goto fail;
 	}
 	pager_replan(p);
+	for (unsigned i = 0; i < p->n_models && p->cfg.populate; i++) {
+		rc = pager_slots_populate(&p->models[i]);
+		if (rc) {
+			snprintf(err, errlen, "%s: --populate: making the expert cache's pages: %s",
+				 p->models[i].name, strerror(-rc));
+			goto fail;
+		}
+	}
 	for (unsigned i = 0; i < p->n_models; i++) {
 		struct model *m = &p->models[i];
 

@@ -390,6 +390,9 @@ bool pager_needed_by(const struct model *m, unsigned u, enum cstate kind);
 /* residency.c: streaming slots */
 int pager_slots_create(struct model *m);
 void pager_slots_destroy(struct model *m);
+/* stratad --populate: make the pages of as many expert slots as the expert
+ * cache's capacity holds, before serving; 0 or -errno. */
+int pager_slots_populate(struct model *m);
 /* Every client maps unit u from the memfd again: its slot is free. */
 void pager_slot_vacated(struct model *m, unsigned u);
 /* A free slot whose pages exist, or with fresh one without them; -1: none. */

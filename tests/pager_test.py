@@ -36,8 +36,10 @@
               experts; logits bit-identical to mmap, with the lookahead's
               reads ahead (--lookahead) and without (the default: no hint
               sent), the
-              expert cache in the status; a HINT reads its experts before
-              any fault; hostile ROUTEs and HINTs dropped
+              expert cache in the status; with --populate the cache's
+              slots made before any read, every expert read into one; a
+              HINT reads its experts before any fault; hostile ROUTEs and
+              HINTs dropped
   experts-shed  SIGUSR1 while an engine streams a mixture of experts whose
               cache is full, in slots: the cache shrinks to one layer's
               experts (evicted, slots punched), the engine runs on, results
@@ -1463,6 +1465,27 @@ def case_experts():
           r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read() and
           not la["on"] and la["hinted"] == 0 and la["read_ahead"] == 0 and
           "lookahead   off" in text, r.stderr.strip() + str(la) + text)
+    # --populate: the cache's slots have their pages before anything is
+    # read, as many as its capacity holds, and every expert read lands in
+    # one of them; the logits are the same.  (The engine's declared memory
+    # shrinks the cache as it connects: the slots past it are given back.)
+    d = Daemon([p], "--budget", str(need + per_layer), "--populate")
+    st0 = d.model(m)
+    out = os.path.join(TMP, "experts.populate")
+    r = run_eval(p, toks, out, d.sock, ("-b", "1"))
+    st = d.model(m)
+    d.stop()
+    ex0, ex = st0["experts"], st["experts"]
+    same = r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read()
+    check("experts: --populate makes the cache's slots before any read, up to its capacity",
+          ex0["loads"] == 0 and st0["slot_bytes"] > 0 and ex0["held_bytes"] == st0["slot_bytes"] and
+          ex0["capacity_bytes"] - st0["slot_size"] < st0["slot_bytes"] <= ex0["capacity_bytes"],
+          str({k: st0[k] for k in ("slots", "slot_size", "slot_bytes")}) + str(ex0))
+    check("experts: with --populate every expert is read into a made slot, bit-identical to mmap",
+          same and ex["loads"] > 0 and st["slot_loads"] == ex["loads"] and
+          0 < st["slot_bytes"] <= st0["slot_bytes"] and ex["held_bytes"] <= ex["capacity_bytes"],
+          f"identical: {same}, " + r.stderr.strip() +
+          str({k: st[k] for k in ("slot_bytes", "slot_loads")}) + str(ex))
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
         print("skip experts through the mount: needs /dev/fuse and root")
         return

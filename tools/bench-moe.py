@@ -5,7 +5,7 @@ plain mmap, inside one memory cgroup (issue 22).
   tools/bench-moe.py --model M.gguf [--model M2.gguf ...]
                      --llama NAME=PATH[:LIBDIR] [--llama NAME2=PATH2 ...]
                      [--compute-model C.gguf] [--limit 8G] [--reps 3]
-                     [--tokens 16] [--threads 2] [--lookahead-too]
+                     [--tokens 16] [--threads 2] [--lookahead-too] [--populate-too]
                      [--strata-build NAME=BUILD_DIR ...]
 
 The device is emulated by a memory cgroup (v1) of --limit bytes.  Per
@@ -42,6 +42,10 @@ order, so that none runs first in every round):
             `stratad --lookahead` (the engine computes its guess of the
             next layer's experts and sends it, and they are read ahead):
             the lookahead's worth, its guess's cost included, interleaved.
+  strata populate  with --populate-too, the same with `stratad --populate`
+            (the expert cache's pages made before the daemon serves; the
+            seconds from its start until the cores were loaded, the making
+            included, are printed per run).
   strata NAME  with --strata-build NAME=BUILD_DIR, the same with the strata,
             stratad and stratactl of another build (e.g. of the commit
             before a change), interleaved too.
@@ -92,6 +96,7 @@ ap.add_argument("--tokens", type=int, default=16)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--compute-model", default="")
 ap.add_argument("--lookahead-too", action="store_true")
+ap.add_argument("--populate-too", action="store_true")
 ap.add_argument("--strata-build", action="append", default=[], help="NAME=BUILD_DIR")
 a = ap.parse_args()
 
@@ -221,6 +226,7 @@ def run_strata(model, cg, daemon_args=(), build=None):
             "cap": x1["capacity_bytes"] >> 20,
             "remaps_tok": remaps / passes, "remap_us": remap_ms * 1e3 / remaps if remaps else 0,
             "cpu_engine": cpu["engine"] / passes, "cpu_daemon": cpu["daemon"] / passes,
+            "ready": cpu["ready"],
             "held": x1["held_bytes"] >> 20, "budget": after["budget_bytes"] >> 20,
             "io": f"{after['io']['chunk_bytes'] >> 10} KiB x {after['io']['depth']}"}
 
@@ -233,7 +239,8 @@ def run_llama(path, lib):
 
 
 engines = [("strata", run_strata)] + ([("strata lookahead", lambda m, cg: run_strata(
-    m, cg, ["--lookahead"]))] if a.lookahead_too else []) + [
+    m, cg, ["--lookahead"]))] if a.lookahead_too else []) + ([("strata populate", lambda m, cg:
+    run_strata(m, cg, ["--populate"]))] if a.populate_too else []) + [
     ("strata " + n, (lambda b: lambda m, cg: run_strata(m, cg, build=b))(d))
     for n, _, d in (x.partition("=") for x in a.strata_build)] + [
     ("llama.cpp " + n, run_llama(p, lib)) for n, p, lib in map(llama_spec, a.llama)]
@@ -286,7 +293,8 @@ for rep in range(a.reps):
                    f"{r['wait']:.1f} ms a token (summed over threads), the daemon's compute "
                    f"{r['daemon_compute'] * 1e3:.0f} ms, {r['remaps_tok']:.1f} REMAPs a token "
                    f"answered in {r['remap_us']:.0f} us, CPU a token: engine "
-                   f"{r['cpu_engine'] * 1e3:.0f} ms, daemon {r['cpu_daemon'] * 1e3:.1f} ms"
+                   f"{r['cpu_engine'] * 1e3:.0f} ms, daemon {r['cpu_daemon'] * 1e3:.1f} ms, "
+                   f"the daemon ready in {r['ready']:.1f} s"
                    if who.startswith("strata") else "") +
                   f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
                   (f" FAILED {r['failed']}" if "failed" in r else ""), file=sys.stderr)
@@ -342,9 +350,11 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
     print("\n| model | strata | tok/s (runs) | expert hit rate | expert MiB read / token | "
           "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
           "token | fault wait ms / token | the engine's compute under the pager, ms / token | "
-          "CPU ms / token, engine + daemon | strata / bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "CPU ms / token, engine + daemon | strata / bound | daemon ready s | peak MiB |" +
+          (" / llama.cpp |" if llamas else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if llamas else ""))
     for m in a.model:
+        best_llama = max((med(res[m][w], "tps") for w in llamas), default=0)
         for who in (w for w, _ in engines if w.startswith("strata")):
             s = res[m][who]
             print(f"| {os.path.basename(m)} | {who}"
@@ -355,4 +365,7 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
                   f"{med(s, 'daemon_compute') * 1e3:.0f} "
                   f"({runs(s, 'daemon_compute', '{:.3f}')}) | "
                   f"{med(s, 'cpu_engine') * 1e3:.0f} + {med(s, 'cpu_daemon') * 1e3:.1f} | "
-                  f"{med(s, 'frac'):.2f} ({runs(s, 'frac')}) |")
+                  f"{med(s, 'frac'):.2f} ({runs(s, 'frac')}) | {med(s, 'ready'):.1f} | "
+                  f"{max(x['peak'] for x in s) >> 20} |" +
+                  (f" {med(s, 'tps') / best_llama:.2f} |" if best_llama else
+                   " - |" if llamas else ""))
