@@ -23,11 +23,13 @@
  * pressure (PSI, or SIGUSR1) a quarter of the resident layers are demoted
  * to streaming.
  *
- * Threading: the daemon's one thread; see server_i.h.
+ * Threading: the daemon's one thread; see server_i.h.  (--populate makes the
+ * expert slots' pages from threads of its own, joined before serving.)
  */
 #include "server_i.h"
 #include "proto_i.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -394,6 +396,40 @@ static void *populate_part(void *arg)
 
 	pp->err = madvise(pp->base, pp->len, MADV_POPULATE_WRITE) ? errno : 0;
 	return NULL;
+}
+
+/* Does this guest hand its free memory back to its host?  Free page
+ * reporting reports blocks of page_reporting_order and above (none above
+ * the largest order, 10 on x86), and reports to a virtio balloon. */
+static bool page_reporting_on(void)
+{
+	const char *drv = "/sys/bus/virtio/drivers/virtio_balloon";
+	FILE *f = fopen("/sys/module/page_reporting/parameters/page_reporting_order", "r");
+	int order = 99;
+	bool balloon = false;
+	DIR *d;
+
+	if (f) {
+		if (fscanf(f, "%d", &order) != 1)
+			order = 99;
+		fclose(f);
+	}
+	if (order > 10 || !(d = opendir(drv)))
+		return false;
+	for (struct dirent *e; (e = readdir(d)) && !balloon;)
+		balloon = strncmp(e->d_name, "virtio", 6) == 0; /* a bound device */
+	closedir(d);
+	return balloon;
+}
+
+void pager_slots_advise(const struct model *m)
+{
+	if (m->lay->n_experts && m->n_slots && m->ex.capacity != UINT64_MAX && page_reporting_on())
+		pager_log(PAGER_LOG_NOTICE,
+			  "%s: this guest hands free memory back to its host (free page "
+			  "reporting): each page the expert cache grows into is a host fault; "
+			  "--populate makes them before serving (docs/service.md)",
+			  m->name);
 }
 
 int pager_slots_populate(struct model *m)

@@ -859,7 +859,11 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 		goto fail;
 	}
 	pager_replan(p);
-	for (unsigned i = 0; i < p->n_models && p->cfg.populate; i++) {
+	for (unsigned i = 0; i < p->n_models; i++) {
+		if (!p->cfg.populate) {
+			pager_slots_advise(&p->models[i]);
+			continue;
+		}
 		rc = pager_slots_populate(&p->models[i]);
 		if (rc) {
 			snprintf(err, errlen, "%s: --populate: making the expert cache's pages: %s",

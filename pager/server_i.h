@@ -393,6 +393,9 @@ void pager_slots_destroy(struct model *m);
 /* stratad --populate: make the pages of as many expert slots as the expert
  * cache's capacity holds, before serving; 0 or -errno. */
 int pager_slots_populate(struct model *m);
+/* Without --populate: a notice where it would pay (a guest that hands free
+ * memory back to its host, a mixture of experts with slots). */
+void pager_slots_advise(const struct model *m);
 /* Every client maps unit u from the memfd again: its slot is free. */
 void pager_slot_vacated(struct model *m, unsigned u);
 /* A free slot whose pages exist, or with fresh one without them; -1: none. */
