@@ -385,6 +385,7 @@ void pager_slots_destroy(struct model *m)
 
 struct populate_part {
 	pthread_t thread;
+	bool threaded; /* made by `thread`, to be joined */
 	uint8_t *base;
 	size_t len;
 	int err; /* 0 or errno */
@@ -396,40 +397,6 @@ static void *populate_part(void *arg)
 
 	pp->err = madvise(pp->base, pp->len, MADV_POPULATE_WRITE) ? errno : 0;
 	return NULL;
-}
-
-/* Does this guest hand its free memory back to its host?  Free page
- * reporting reports blocks of page_reporting_order and above (none above
- * the largest order, 10 on x86), and reports to a virtio balloon. */
-static bool page_reporting_on(void)
-{
-	const char *drv = "/sys/bus/virtio/drivers/virtio_balloon";
-	FILE *f = fopen("/sys/module/page_reporting/parameters/page_reporting_order", "r");
-	int order = 99;
-	bool balloon = false;
-	DIR *d;
-
-	if (f) {
-		if (fscanf(f, "%d", &order) != 1)
-			order = 99;
-		fclose(f);
-	}
-	if (order > 10 || !(d = opendir(drv)))
-		return false;
-	for (struct dirent *e; (e = readdir(d)) && !balloon;)
-		balloon = strncmp(e->d_name, "virtio", 6) == 0; /* a bound device */
-	closedir(d);
-	return balloon;
-}
-
-void pager_slots_advise(const struct model *m)
-{
-	if (m->lay->n_experts && m->n_slots && m->ex.capacity != UINT64_MAX && page_reporting_on())
-		pager_log(PAGER_LOG_NOTICE,
-			  "%s: this guest hands free memory back to its host (free page "
-			  "reporting): each page the expert cache grows into is a host fault; "
-			  "--populate makes them before serving (docs/service.md)",
-			  m->name);
 }
 
 int pager_slots_populate(struct model *m)
@@ -464,13 +431,12 @@ int pager_slots_populate(struct model *m)
 
 		part[i] = (struct populate_part){ .base = m->slot_map + first * m->slot_size,
 						  .len = count * m->slot_size };
-		if (pthread_create(&part[i].thread, NULL, populate_part, &part[i])) {
+		part[i].threaded = !pthread_create(&part[i].thread, NULL, populate_part, &part[i]);
+		if (!part[i].threaded)
 			populate_part(&part[i]); /* no thread: this one makes them */
-			part[i].thread = 0;
-		}
 	}
 	for (unsigned i = 0; i < k; i++) {
-		if (part[i].thread)
+		if (part[i].threaded)
 			pthread_join(part[i].thread, NULL);
 		if (part[i].err && !err)
 			err = part[i].err;
@@ -491,6 +457,40 @@ int pager_slots_populate(struct model *m)
 	pager_log(PAGER_LOG_NOTICE, "%s: populated %u expert slots (%.0f MiB) in %.1f s, %u threads",
 		  m->name, n, n * m->slot_size / 1048576.0, (pager_now_ns() - t0) / 1e9, k);
 	return 0;
+}
+
+/* Does this guest hand its free memory back to its host?  Free page
+ * reporting reports blocks of page_reporting_order and above (none above
+ * the largest order, 10 on x86), and reports to a virtio balloon. */
+static bool page_reporting_on(void)
+{
+	const char *drv = "/sys/bus/virtio/drivers/virtio_balloon";
+	FILE *f = fopen("/sys/module/page_reporting/parameters/page_reporting_order", "r");
+	int order = 99;
+	bool balloon = false;
+	DIR *d;
+
+	if (f) {
+		if (fscanf(f, "%d", &order) != 1)
+			order = 99;
+		fclose(f);
+	}
+	if (order > 10 || !(d = opendir(drv)))
+		return false;
+	for (struct dirent *e; (e = readdir(d)) && !balloon;)
+		balloon = strncmp(e->d_name, "virtio", 6) == 0; /* a bound device */
+	closedir(d);
+	return balloon;
+}
+
+void pager_slots_advise(const struct model *m)
+{
+	if (m->lay->n_experts && m->n_slots && m->ex.capacity != UINT64_MAX && page_reporting_on())
+		pager_log(PAGER_LOG_NOTICE,
+			  "%s: this guest hands free memory back to its host (free page "
+			  "reporting): each page the expert cache grows into is a host fault; "
+			  "--populate makes them before serving (docs/service.md)",
+			  m->name);
 }
 
 /* The slot unit u would be read into, or -1 (the memfd): a free one whose
