@@ -1361,7 +1361,9 @@ def case_experts():
     that holds the cores and about two of the fixture's three layers of
     experts, so experts are evicted and read again; logits bit-identical to
     the plain mmap run, one token at a time and batched; the status shows the
-    expert cache; an engine routing nonsense is dropped with one line."""
+    expert cache; an engine routing nonsense is dropped with one line; with
+    --populate the cache's slots are made before any read and take every
+    expert read."""
     fx = moe_fixture("experts")
     if not fx:
         return
