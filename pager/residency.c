@@ -368,6 +368,17 @@ void pager_slots_destroy(struct model *m)
 	free(m->slot_touched);
 }
 
+/* Slot s has pages from now on (held until pager_slot_drop punches them):
+ * counted in the slots' bytes and, with expert units, in what the expert
+ * cache holds. */
+static void slot_touch(struct model *m, int s)
+{
+	m->slot_touched[s] = true;
+	m->slot_bytes += m->slot_size;
+	if (m->lay->n_experts)
+		m->ex.held += m->slot_size;
+}
+
 /*
  * --populate: the expert cache's slots get their pages before the daemon
  * serves, as many as its capacity holds, and every expert read then lands
@@ -419,8 +430,11 @@ int pager_slots_populate(struct model *m)
 			  m->name);
 		return 0;
 	}
-	while (n < m->n_slots && m->ex.held + (n + 1) * m->slot_size <= m->ex.capacity)
-		n++;
+	if (m->ex.held < m->ex.capacity) {
+		uint64_t fit = (m->ex.capacity - m->ex.held) / m->slot_size;
+
+		n = fit < m->n_slots ? (unsigned)fit : m->n_slots;
+	}
 	if (!n)
 		return 0;
 	k = cpus < 1 ? 1 : cpus < POPULATE_THREADS ? (unsigned)cpus : POPULATE_THREADS;
@@ -449,11 +463,9 @@ int pager_slots_populate(struct model *m)
 		return -err;
 	}
 	for (unsigned s = 0; s < n; s++) {
-		m->slot_touched[s] = true;
+		slot_touch(m, (int)s);
 		m->slots_free++;
 	}
-	m->slot_bytes += n * m->slot_size;
-	m->ex.held += n * m->slot_size;
 	pager_log(PAGER_LOG_NOTICE, "%s: populated %u expert slots (%.0f MiB) in %.1f s, %u threads",
 		  m->name, n, n * m->slot_size / 1048576.0, (pager_now_ns() - t0) / 1e9, k);
 	return 0;
@@ -560,14 +572,10 @@ static void take_slot(struct model *m, unsigned u)
 {
 	int s = m->us[u].slot;
 
-	if (!m->slot_touched[s]) {
-		m->slot_touched[s] = true;
-		m->slot_bytes += m->slot_size;
-		if (pager_is_expert(m->lay, u))
-			m->ex.held += m->slot_size;
-	} else {
+	if (!m->slot_touched[s])
+		slot_touch(m, s);
+	else
 		m->slots_free--;
-	}
 	m->slot_unit[s] = (int)u;
 	m->slot_loads++;
 	pager_uffd_slot_in(m, u);

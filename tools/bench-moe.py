@@ -347,12 +347,13 @@ print("Free page reporting: " + ("none" if order is None else
       f"order {order} ({'off' if order > 10 else 'on'}), {(kib - reporting[1]) >> 10} MiB "
       "handed back to the host during the runs"))
 if len([w for w, _ in engines if w.startswith("strata")]) > 1:
-    print("\n| model | strata | tok/s (runs) | expert hit rate | expert MiB read / token | "
-          "lookahead accuracy | read ahead / token (share routed to) | routed in flight / "
-          "token | fault wait ms / token | the engine's compute under the pager, ms / token | "
-          "CPU ms / token, engine + daemon | strata / bound | daemon ready s | peak MiB |" +
-          (" / llama.cpp |" if llamas else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if llamas else ""))
+    var_cols = ["model", "strata", "tok/s (runs)", "expert hit rate", "expert MiB read / token",
+            "lookahead accuracy", "read ahead / token (share routed to)",
+            "routed in flight / token", "fault wait ms / token",
+            "the engine's compute under the pager, ms / token", "CPU ms / token, engine + daemon",
+            "strata / bound", "daemon ready s", "peak MiB"] + (["/ llama.cpp"] if llamas else [])
+    print("\n| " + " | ".join(var_cols) + " |")
+    print("|" + "---|" * len(var_cols))
     for m in a.model:
         best_llama = max((med(res[m][w], "tps") for w in llamas), default=0)
         for who in (w for w, _ in engines if w.startswith("strata")):

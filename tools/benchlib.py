@@ -91,7 +91,8 @@ def status(sock, build=None):
     """The daemon's `stratactl status --json`, or None while it does not answer
     (stratactl of BUILD, a build directory, if given: it speaks its daemon's
     protocol)."""
-    r = subprocess.run([program("tools/stratactl", build), "--socket", sock, "status", "--json"], capture_output=True, text=True)
+    r = subprocess.run([program("tools/stratactl", build), "--socket", sock, "status", "--json"],
+                       capture_output=True, text=True)
     return json.loads(r.stdout) if r.returncode == 0 else None
 
 
