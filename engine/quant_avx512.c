@@ -455,58 +455,126 @@ VNNI static void vec_dot_q4_k_q8_k_vnni(size_t n, float *out, const void *w, con
 }
 
 /*
- * Q4_K, eight rows at a time (vec_dot8), each row bit-identical to
- * vec_dot_q4_k_q8_k_vnni: the same int32 lanes and the same float
- * operations in the same order, from fewer instructions.  One row and block
- * is instruction-bound on Zen 4 (about 20 cycles a block, under the memory
- * bandwidth of a core), so:
- *   - the 6-bit scales and mins are unpacked in vector registers (a pshufb,
- *     a vpermt2b and a vpternlogd instead of some twenty general-register
- *     operations and the moves into vector registers);
- *   - each sub-block's scale is one vpermd from a table of (scale, scale)
- *     int16 pairs made by one zero-masking vpermb;
+ * Q4_K decoding (one token) with AVX-512 VBMI: each row bit-identical to
+ * vec_dot_q4_k_q8_k_vnni, the same int32 lanes and the same float operations
+ * in the same order, from fewer instructions.  One row and block is
+ * instruction-bound on Zen 4 and Zen 5 (under the memory bandwidth of a
+ * core), so:
+ *   - a block's 128 bytes of quants are two 512-bit loads, each the
+ *     nibbles of four sub-blocks: the low ones sub-blocks 4p and 4p + 2 in
+ *     the vector's two halves, the high ones 4p + 1 and 4p + 3;
+ *   - the activations are laid out once a call to match (struct q8_k_z:
+ *     each 64-byte load the two sub-blocks a vector holds), with the
+ *     bsums' pair sums the mins need;
+ *   - the 6-bit scales and mins are unpacked in vector registers
+ *     (k4_scales_mins), and each vector's two scales put in place by one
+ *     zero-masking vpermb;
+ *   - the two 256-bit halves of the int32 sums are added (exact) before
+ *     the one conversion to float, so the lanes are vec_dot's;
  *   - d and dmin are converted together, and dmin's sign is carried by
- *     vfnmadd (-(a*b) + c rounds as fma(-a, b, c));
- * Needs AVX-512BW and VBMI besides VNNI (vpermb, vpermt2b): chosen at start-up
- * only where the CPU has them.
+ *     vfnmadd (-(a*b) + c rounds as fma(-a, b, c)).
+ * One core, from memory (65536 rows of 4096): 74-77 GMAC/s against 57-58
+ * with 256-bit vectors (Zen 5).  Needs AVX-512BW and VBMI besides VNNI:
+ * chosen at start-up only where the CPU has them.
  */
 
-/* One block of one row: the lanes and float steps of vec_dot_q4_k_q8_k_vnni. */
-VBMI static inline __attribute__((always_inline)) void
-q4_k_block(const struct eng_block_q4_k *x, const int8_t *q8, __m128 dy, __m128i q8s, __m256 *acc,
-	   __m128 *acc_m)
+/* An activation block as q4_k_span reads it: the quants with the middle two
+ * of each four 32-byte sub-blocks swapped, the bsums' pair sums, y.d. */
+struct q8_k_z {
+	int8_t qs[ENG_QK_K];
+	int16_t q8s[8];
+	float d;
+	uint8_t pad[44]; /* to 320 bytes: each block's quants on whole lines */
+};
+_Static_assert(sizeof(struct q8_k_z) % 64 == 0, "q8_k_z");
+
+#define Z_SPAN 64 /* activation blocks laid out at a time (20 KiB): n up to 16384 in one */
+#define Z_ROWS 64 /* rows whose sums are carried from span to span */
+
+VBMI static void q8_k_z_make(size_t nb, const struct eng_block_q8_k *y, struct q8_k_z *z)
 {
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	/* byte j of the scales to both int16 halves of dword j (index 64:
-	 * any, the mask zeroes those bytes) */
-	const __m256i dup = _mm256_setr_epi8(0, 64, 0, 64, 1, 64, 1, 64, 2, 64, 2, 64, 3, 64, 3, 64,
-					     4, 64, 4, 64, 5, 64, 5, 64, 6, 64, 6, 64, 7, 64, 7, 64);
-	/* [d, dmin] * y.d: y.d * d rounds the same either way round */
-	const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const void *)&x->d)), dy);
-	const __m128i sm = k4_scales_mins(x->scales);
-	const __m256i tab = _mm256_maskz_permutexvar_epi8(0x55555555u, dup,
-							  _mm256_castsi128_si256(sm));
-	const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
-	__m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+	static const int order[8] = { 0, 2, 1, 3, 4, 6, 5, 7 };
 
-	*acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)),
-			       *acc_m);
-#pragma GCC unroll 4
-	for (int j = 0; j < ENG_QK_K / 64; j++) {
-		const __m256i bits = _mm256_loadu_si256((const void *)(x->qs + 32 * j));
-		const __m256i ql = _mm256_and_si256(bits, m4);
-		const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-		const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
-		const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
-
-		/* two chains (integers: exact in any order) */
-		s0 = _mm256_dpwssd_epi32(s0, _mm256_maddubs_epi16(ql, yl),
-					 _mm256_permutexvar_epi32(_mm256_set1_epi32(2 * j), tab));
-		s1 = _mm256_dpwssd_epi32(s1, _mm256_maddubs_epi16(qh, yh),
-					 _mm256_permutexvar_epi32(_mm256_set1_epi32(2 * j + 1), tab));
+	for (size_t i = 0; i < nb; i++) {
+		for (int c = 0; c < 8; c++)
+			memcpy(z[i].qs + 32 * c, y[i].qs + 32 * order[c], 32);
+		_mm_store_si128((void *)z[i].q8s,
+				_mm_hadd_epi16(_mm_loadu_si128((const void *)y[i].bsums),
+					       _mm_loadu_si128((const void *)(y[i].bsums + 8))));
+		z[i].d = y[i].d;
 	}
-	*acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)),
-			       *acc);
+}
+
+/* A row's float sums, carried from one span of its blocks to the next. */
+struct q4_k_sum {
+	__m256 acc;
+	__m128 acc_m;
+};
+
+/* Blocks x[0 .. nb) of a row of row_nb blocks against z[0 .. nb). */
+VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row_nb,
+			   const struct q8_k_z *z, struct q4_k_sum *sum)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	/* scale byte s to the low byte of both int16 halves of each dword
+	 * (the high bytes masked to zero): sub-blocks (0, 2), (1, 3), (4, 6)
+	 * and (5, 7) in the two 256-bit halves */
+#define SC2(a, b) _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
+	const __m512i si0 = SC2(0x00000000, 0x00020002), si1 = SC2(0x00010001, 0x00030003);
+	const __m512i si2 = SC2(0x00040004, 0x00060006), si3 = SC2(0x00050005, 0x00070007);
+#undef SC2
+	const __mmask64 lo = 0x5555555555555555ull;
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * row_nb * sizeof(*x);
+	__m256 acc = sum->acc;
+	__m128 acc_m = sum->acc_m;
+
+	for (size_t i = 0; i < nb; i++) {
+		const int8_t *q8 = z[i].qs;
+
+		/* the lines of block i, 144 bytes: two or three */
+		for (int l = 0; l < 3; l++)
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+
+		/* [d, dmin] * y.d: y.d * d rounds the same either way round */
+		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const void *)&x[i].d)),
+					     _mm_broadcast_ss(&z[i].d));
+		const __m128i sm = k4_scales_mins(x[i].scales);
+		const __m512i smz = _mm512_castsi128_si512(sm);
+		const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
+		const __m128i q8s = _mm_load_si128((const void *)z[i].q8s);
+
+		acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm, 0x55),
+				      _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)), acc_m);
+
+		const __m512i b0 = _mm512_loadu_si512(x[i].qs), b1 = _mm512_loadu_si512(x[i].qs + 64);
+		/* two chains (integers: exact in any order) */
+		__m512i s0 = _mm512_dpwssd_epi32(
+			_mm512_setzero_si512(),
+			_mm512_maddubs_epi16(_mm512_and_si512(b0, m4), _mm512_load_si512(q8)),
+			_mm512_maskz_permutexvar_epi8(lo, si0, smz));
+		__m512i s1 = _mm512_dpwssd_epi32(
+			_mm512_setzero_si512(),
+			_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(b0, 4), m4),
+					     _mm512_load_si512(q8 + 64)),
+			_mm512_maskz_permutexvar_epi8(lo, si1, smz));
+
+		s0 = _mm512_dpwssd_epi32(
+			s0, _mm512_maddubs_epi16(_mm512_and_si512(b1, m4), _mm512_load_si512(q8 + 128)),
+			_mm512_maskz_permutexvar_epi8(lo, si2, smz));
+		s1 = _mm512_dpwssd_epi32(
+			s1,
+			_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(b1, 4), m4),
+					     _mm512_load_si512(q8 + 192)),
+			_mm512_maskz_permutexvar_epi8(lo, si3, smz));
+		s0 = _mm512_add_epi32(s0, s1);
+
+		const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(s0),
+						   _mm512_extracti64x4_epi64(s0, 1));
+
+		acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(s), acc);
+	}
+	sum->acc = acc;
+	sum->acc_m = acc_m;
 }
 
 VBMI static inline float q4_k_finish(__m256 acc, __m128 acc_m)
@@ -514,28 +582,6 @@ VBMI static inline float q4_k_finish(__m256 acc, __m128 acc_m)
 	acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
 	acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
 	return hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
-}
-
-/* One row against one activation row. */
-VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x,
-			    const struct eng_block_q8_k *y)
-{
-	__m256 acc = _mm256_setzero_ps();
-	__m128 acc_m = _mm_setzero_ps();
-
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
-
-	for (size_t i = 0; i < n / ENG_QK_K; i++) {
-		const __m128i q8s = _mm_hadd_epi16(_mm_loadu_si128((const void *)y[i].bsums),
-						   _mm_loadu_si128((const void *)(y[i].bsums + 8)));
-
-		/* the lines of block i, 144 bytes: two or three */
-		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-
-		q4_k_block(&x[i], y[i].qs, _mm_broadcast_ss(&y[i].d), q8s, &acc, &acc_m);
-	}
-	return q4_k_finish(acc, acc_m);
 }
 
 /*
@@ -548,19 +594,40 @@ VBMI static float dot1_q4_k(size_t n, const struct eng_block_q4_k *x,
 static void vec_dot8_q4_k_q8_k_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
 				    const void *w, size_t stride, const void *a, size_t a_stride);
 
-/* vec_dotn: decoding (one token), the rows one after the other with the VBMI
- * kernel; two tokens or more, avx512_prompt_q4_k, which shares each block
- * between them, bit-identical to this one. */
+/* vec_dotn: decoding (one token), the rows one after the other, each read
+ * front to back (a row longer than Z_SPAN blocks a span at a time, Z_ROWS
+ * rows a span); two tokens or more, avx512_prompt_q4_k, which shares each
+ * block between them, bit-identical to this one. */
 VBMI static void vec_dotn_q4_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
 					  size_t out_stride, const void *w, size_t stride,
 					  const void *a, size_t a_stride)
 {
+	const size_t nb = n / ENG_QK_K;
+	struct q8_k_z z[Z_SPAN] __attribute__((aligned(64)));
+	struct q4_k_sum sum[Z_ROWS];
+
 	if (nt > 1) {
 		avx512_prompt_q4_k(n, nrows, nt, out, out_stride, w, stride, a, a_stride);
 		return;
 	}
-	for (unsigned r = 0; r < nrows; r++)
-		out[r] = dot1_q4_k(n, (const void *)((const uint8_t *)w + r * stride), a);
+	for (unsigned r0 = 0; r0 < nrows; r0 += Z_ROWS) {
+		const unsigned nr = nrows - r0 < Z_ROWS ? nrows - r0 : Z_ROWS;
+
+		for (unsigned r = 0; r < nr; r++)
+			sum[r] = (struct q4_k_sum){ _mm256_setzero_ps(), _mm_setzero_ps() };
+		for (size_t b0 = 0; b0 < nb; b0 += Z_SPAN) {
+			const size_t nbs = nb - b0 < Z_SPAN ? nb - b0 : Z_SPAN;
+
+			q8_k_z_make(nbs, (const struct eng_block_q8_k *)a + b0, z);
+			for (unsigned r = 0; r < nr; r++)
+				q4_k_span((const struct eng_block_q4_k *)((const uint8_t *)w +
+									  (size_t)(r0 + r) * stride) +
+						  b0,
+					  nbs, nb, z, &sum[r]);
+		}
+		for (unsigned r = 0; r < nr; r++)
+			out[r0 + r] = q4_k_finish(sum[r].acc, sum[r].acc_m);
+	}
 }
 
 /* Q8_0's vec_dotn: decoding, Q8_0_ROWS rows side by side (the rows a
@@ -621,8 +688,77 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
 #define KR_DOT1_Q4_K vec_dot_q4_k_q8_k_vnni
 #include "quant_krows_tmpl.h"
 
-/* Q6_K's vec_dotn: decoding (one token) with the one-row kernel, row after
- * row; two tokens or more: avx512_prompt_q6_k, bit-identical to it. */
+/*
+ * Q6_K decoding (one token) in 512-bit vectors, each row bit-identical to
+ * vec_dot_q6_k_q8_k_vnni (quant_krows_tmpl.h).  Each 128 elements: ql's
+ * 64 bytes [b1 | b2] are one load, qh's 32 broadcast to both halves; a
+ * vector's low nibbles and 2-bit fields make elements 0..63 in order, its
+ * high ones 64..127, so the activations are read as they lie.  Dword L
+ * of a vector holds elements 4L..4L+3 of its 64: the halves are the
+ * one-row kernel's 32-element chunks, added (exact) before the conversion.
+ */
+VBMI static void dot1_q6_k(size_t n, float *out, const struct eng_block_q6_k *x,
+			   const struct eng_block_q8_k *y)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+	const __m512i m32 = _mm512_set1_epi8(32);
+	/* qh's fields 0, 1 to bits 4-5 of the low and high halves (<< 4, << 2);
+	 * fields 2, 3 (>> 0, >> 2) */
+	const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+	const __m512i sh23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
+	/* the scale of int16 lane m of the vector of elements 64v..64v+63:
+	 * 4v + m / 8 */
+	const __m512i m8 = _mm512_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001, 0x20002,
+					     0x20002, 0x20002, 0x20002, 0x30003, 0x30003, 0x30003,
+					     0x30003);
+	const __m512i si[4] = { m8, _mm512_add_epi16(m8, _mm512_set1_epi16(4)),
+				_mm512_add_epi16(m8, _mm512_set1_epi16(8)),
+				_mm512_add_epi16(m8, _mm512_set1_epi16(12)) };
+	__m256 acc = _mm256_setzero_ps();
+
+	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+		const __m512i sc16 = _mm512_castsi256_si512(
+			_mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales)));
+		__m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+
+		for (int l = 0; l < 4; l++)
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+#pragma GCC unroll 2
+		for (int h = 0; h < ENG_QK_K / 128; h++) {
+			const __m512i b = _mm512_loadu_si512(x[i].ql + 64 * h);
+			const __m512i bh = _mm512_broadcast_i64x4(
+				_mm256_loadu_si256((const void *)(x[i].qh + 32 * h)));
+			const __m512i q01 = _mm512_ternarylogic_epi32(
+				b, _mm512_and_si512(_mm512_sllv_epi16(bh, sh01), m30), m4, 0xe4);
+			const __m512i q23 = _mm512_ternarylogic_epi32(
+				_mm512_srli_epi16(b, 4), _mm512_and_si512(_mm512_srlv_epi16(bh, sh23), m30),
+				m4, 0xe4);
+			const __m512i y01 = _mm512_loadu_si512(y[i].qs + 128 * h);
+			const __m512i y23 = _mm512_loadu_si512(y[i].qs + 128 * h + 64);
+
+			s0 = _mm512_dpwssd_epi32(s0,
+						 _mm512_sub_epi16(_mm512_maddubs_epi16(q01, y01),
+								  _mm512_maddubs_epi16(m32, y01)),
+						 _mm512_permutexvar_epi16(si[2 * h], sc16));
+			s1 = _mm512_dpwssd_epi32(s1,
+						 _mm512_sub_epi16(_mm512_maddubs_epi16(q23, y23),
+								  _mm512_maddubs_epi16(m32, y23)),
+						 _mm512_permutexvar_epi16(si[2 * h + 1], sc16));
+		}
+		s0 = _mm512_add_epi32(s0, s1);
+
+		const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s0),
+						      _mm512_extracti64x4_epi64(s0, 1));
+
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * fp16(x[i].d)), _mm256_cvtepi32_ps(sumi),
+				      acc);
+	}
+	*out = hsum_f32x8(acc);
+}
+
+/* Q6_K's vec_dotn: decoding (one token) with dot1_q6_k, row after row; two
+ * tokens or more: avx512_prompt_q6_k, bit-identical to it. */
 VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
 					  size_t out_stride, const void *w, size_t stride,
 					  const void *a, size_t a_stride)
@@ -632,7 +768,7 @@ VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, 
 		return;
 	}
 	for (unsigned r = 0; r < nrows; r++)
-		vec_dot_q6_k_q8_k_vnni(n, out + r, (const uint8_t *)w + r * stride, a);
+		dot1_q6_k(n, out + r, (const void *)((const uint8_t *)w + r * stride), a);
 }
 
 /* ---- the table -------------------------------------------------------- */

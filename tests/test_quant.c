@@ -1085,7 +1085,7 @@ static void test_multirow(const struct eng_kernels *k, uint32_t t, unsigned nrow
  */
 static void test_dotn(const struct eng_kernels *k, uint32_t t)
 {
-	static const size_t lens[] = { 32, 256, 4096, 4160, 14336 };
+	static const size_t lens[] = { 32, 256, 4096, 4160, 14336, 33024 };
 	static const unsigned rows[] = { 1, 7, 16, 37, 150 };
 	static const unsigned nts[] = { 1, 2, 3, 8, 15, 16, 17, 31, 33, ENG_DOT16_NT };
 	const unsigned max_nt = ENG_DOT16_NT, max_rows = 150;
