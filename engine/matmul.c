@@ -22,25 +22,33 @@
 
 /*
  * Up to three matmuls sharing one input: out_j[b][r] = W_j[r] . in[b].  The
- * threads take chunks of rows from a shared counter, in order over the n
- * weights, rather than fixed shares, so one slow thread (the machine is
- * shared, the memory bandwidth too) does not leave the other waiting.  A
- * chunk (eng_chunk_rows, quant.h) is about 1024 token-rows: big for a
- * decode step (cold starts cost: each chunk begins without the kernels'
- * prefetch running ahead), down to 64 rows for a prompt, and at most about
- * 2 MiB of weights: an 8B-shaped ffn_down (14336 columns, 8-12 KB a row)
- * was otherwise four chunks for two threads, and a thread slowed for a
- * moment left the other idle for up to a quarter of the matrix.  The
- * counter lives in the job, on the caller's stack: nothing is allocated per
+ * rows are cut into chunks (eng_chunk_rows, quant.h: about 1024 token-rows,
+ * down to 64 rows for a prompt, at most about 2 MiB of weights), numbered in
+ * order over the n weights, and each thread owns a run of them, front to
+ * back: its first chunk starts cold, the rest follow on from the row
+ * prefetch of the one before (K_PREFETCH_ROWS, quant_x86_i.h).  Threads
+ * that took chunks in turn from one counter started every chunk cold:
+ * gemma3-4b decode 1.047x faster with runs (docs/benchmarks.md, issue 16,
+ * session 44).  A thread done with its own run takes chunks from the back
+ * of another's, so one slowed for a moment (the machine is shared, the
+ * memory bandwidth too) does not leave the others waiting; hence chunks,
+ * not fixed shares, and at most 2 MiB: an 8B-shaped ffn_down (14336
+ * columns, 8-12 KB a row) was otherwise four chunks for two threads.  The
+ * runs live in the job, on the caller's stack: nothing is allocated per
  * matmul.
  */
 _Static_assert(MATMUL_TILE == 16, "eng_chunk_rows makes chunks of whole 16-row tiles");
+
+#define MM_RUNS 16 /* runs of chunks at most: more threads share them */
 
 struct mm_job {
 	unsigned n;
 	struct mm_part *parts; /* each: a weight, its output, its rows of the input */
 	uint64_t chunk;     /* rows per chunk */
-	_Atomic uint64_t next; /* next chunk to take, over all n weights */
+	unsigned n_runs;
+	/* run r's chunks left, [lo, hi) as lo | hi << 32, over all n weights:
+	 * threads r, r + n_runs, ... take from the front, others from the back */
+	_Atomic uint64_t run[MM_RUNS];
 	const uint8_t *act;  /* the input's rows of act_stride bytes, in vec_dot_type */
 	const uint8_t *act8; /* the same for vec_dot8/16: pack8'ed if the set packs */
 	size_t act_stride;
@@ -108,19 +116,58 @@ static void mm_rows(const struct mm_job *j, const struct mm_part *p, uint64_t r0
 	}
 }
 
+/* A chunk from the front or the back of a run into *c; false if it is empty. */
+static bool mm_take(_Atomic uint64_t *run, bool front, uint64_t *c)
+{
+	uint64_t v = atomic_load_explicit(run, memory_order_relaxed);
+
+	for (;;) {
+		const uint64_t lo = v & 0xffffffffu, hi = v >> 32;
+
+		if (lo >= hi)
+			return false;
+		if (atomic_compare_exchange_weak_explicit(
+			    run, &v, front ? (lo + 1) | hi << 32 : lo | (hi - 1) << 32,
+			    memory_order_relaxed, memory_order_relaxed)) {
+			*c = front ? lo : hi - 1;
+			return true;
+		}
+	}
+}
+
+/* The part chunk c (over all parts) belongs to: the first whose chunks end
+ * after it. */
+static unsigned mm_part_of(const struct mm_job *j, uint64_t c)
+{
+	unsigned lo = 0, hi = j->n - 1;
+
+	while (lo < hi) {
+		const unsigned mid = (lo + hi) / 2;
+
+		if (c < j->parts[mid].chunks_end)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return lo;
+}
+
 static void mm_worker(void *arg, unsigned ith, unsigned nth)
 {
 	struct mm_job *j = arg;
-	unsigned m = 0;
+	const unsigned own = ith % j->n_runs;
+	uint64_t c;
 
+	(void)nth;
 	for (;;) {
-		uint64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		bool got = mm_take(&j->run[own], true, &c);
 
-		while (m < j->n && c >= j->parts[m].chunks_end)
-			m++;
-		if (m == j->n)
+		for (unsigned k = 1; !got && k < j->n_runs; k++)
+			got = mm_take(&j->run[(own + k) % j->n_runs], false, &c);
+		if (!got)
 			return;
 
+		const unsigned m = mm_part_of(j, c);
 		const struct mm_part *p = &j->parts[m];
 		uint64_t r0 = (c - (m ? j->parts[m - 1].chunks_end : 0)) * j->chunk;
 		uint64_t r1 = r0 + j->chunk < p->w->ne1 ? r0 + j->chunk : p->w->ne1;
@@ -182,7 +229,14 @@ void matmul_parts(struct eng_ctx *c, unsigned n, struct mm_part *parts, const fl
 	for (unsigned i = 0; i < n; i++)
 		parts[i].chunks_end = (i ? parts[i - 1].chunks_end : 0) +
 				      (parts[i].w->ne1 + j.chunk - 1) / j.chunk;
-	atomic_init(&j.next, 0);
+	const uint64_t chunks = parts[n - 1].chunks_end;
+	const unsigned nth = eng_pool_size(c->pool);
+
+	assert(chunks < 1ull << 32);
+	j.n_runs = nth < MM_RUNS ? nth : MM_RUNS;
+	for (unsigned r = 0; r < j.n_runs; r++)
+		atomic_init(&j.run[r],
+			    chunks * r / j.n_runs | (chunks * (r + 1) / j.n_runs) << 32);
 	if (vt == ENG_TYPE_F32) {
 		j.act = j.act8 = (const uint8_t *)in;
 		j.act_stride = ne0 * sizeof(float);
