@@ -729,6 +729,8 @@ VBMI static void dot1_q6_k(size_t n, float *out, const struct eng_block_q6_k *x,
 			const __m512i b = _mm512_loadu_si512(x[i].ql + 64 * h);
 			const __m512i bh = _mm512_broadcast_i64x4(
 				_mm256_loadu_si256((const void *)(x[i].qh + 32 * h)));
+			/* 0xe4: bits of the first operand where m4 is set, of the
+			 * second elsewhere: (b & 15) | fields << 4 */
 			const __m512i q01 = _mm512_ternarylogic_epi32(
 				b, _mm512_and_si512(_mm512_sllv_epi16(bh, sh01), m30), m4, 0xe4);
 			const __m512i q23 = _mm512_ternarylogic_epi32(

@@ -10,6 +10,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,8 +182,11 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
     loaded(status) held: {"engine": s, "daemon": s, "ready": s}."""
     sock = f"/tmp/strata-bench-{os.getpid()}.sock"
     strata = program("strata", build)
+    # the daemon's log to a file, read if it fails: a pipe nobody reads
+    # while the engine runs would stop the daemon once it filled (64 KiB)
+    log = tempfile.TemporaryFile(mode="w+")
     d = subprocess.Popen([program("daemon/stratad", build), "--socket", sock, *daemon_args, model],
-                         stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+                         stderr=log, text=True, preexec_fn=preexec_fn)
     start = time.monotonic()
     end = start + 180
     while time.monotonic() < end:
@@ -190,7 +194,8 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
         if st and loaded(st):
             break
         if d.poll() is not None:
-            sys.exit("stratad exited: " + d.stderr.read())
+            log.seek(0)
+            sys.exit("stratad exited: " + "".join(log.readlines()[-20:]))
         time.sleep(0.05)  # polling a condition with a deadline
     ready = time.monotonic() - start
     before = status(sock, build)
@@ -207,6 +212,7 @@ def bench_paged(model, daemon_args, loaded, tokens, threads, preexec_fn=None, bu
            "engine": e.ru_utime + e.ru_stime - e_cpu.ru_utime - e_cpu.ru_stime, "ready": ready}
     d.send_signal(signal.SIGTERM)
     d.wait(30)
+    log.close()
     if r.returncode:
         sys.exit("strata bench failed: " + r.stderr)
     return json.loads(r.stdout), before, after, cpu
