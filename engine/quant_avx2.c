@@ -807,11 +807,6 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 #define KR_DPWSSD(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #include "quant_krows_tmpl.h"
 
-static void vec_dot_q4_k_q8_k(size_t n, float *out, const void *w, const void *a)
-{
-	dot_q45_k_avx2(n, out, w, a, false);
-}
-
 /* ---- the table -------------------------------------------------------- */
 
 static pthread_once_t avx2_once = PTHREAD_ONCE_INIT;
@@ -841,7 +836,7 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot[ENG_TYPE_Q8_0] = vec_dot_q8_0_q8_0;
 	avx2.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0;
 	avx2.pack8[ENG_TYPE_Q8_0] = pack8_q8_0;
-	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k;
+	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_avx2;
 	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q4_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k_avx2;

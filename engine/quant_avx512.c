@@ -394,67 +394,6 @@ VNNI static void dot_q8_0_rows(size_t n, float *out, const uint8_t *rows, size_t
 /* ---- Q4_K, Q6_K ------------------------------------------------------- */
 
 /*
- * Q4_K with AVX-512 VNNI: the same integer lanes as dot_q45_k, so the same
- * floats, with fewer instructions: the 6-bit scales and mins unpacked in
- * general registers as ggml does (kmask1-3) and widened to int16 at once,
- * each sub-block's scale broadcast by one pshufb, and vpdpwssd doing the
- * scale madd and the add to the int32 lanes in one (integers: any order).
- */
-VNNI static void vec_dot_q4_k_q8_k_vnni(size_t n, float *out, const void *w, const void *a)
-{
-	const struct eng_block_q4_k *x = w;
-	const struct eng_block_q8_k *y = a;
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	__m256 acc = _mm256_setzero_ps();
-	__m128 acc_m = _mm_setzero_ps();
-
-	for (size_t i = 0; i < n / ENG_QK_K; i++) {
-		const float d = y[i].d * fp16(x[i].d);
-		const float dmin = -y[i].d * fp16(x[i].dmin);
-		const int8_t *q8 = y[i].qs;
-		uint32_t u[4], lo;
-		__m256i sumi = _mm256_setzero_si256();
-
-		memcpy(u, x[i].scales, ENG_K_SCALE_SIZE);
-		/* u[0] = sc0-3, u[1] = sc4-7, u[2] = mn0-3, u[3] = mn4-7 */
-		u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-		lo = u[1] & 0x3f3f3f3f;
-		u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-		u[2] = lo;
-		u[0] &= 0x3f3f3f3f;
-
-		const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)u));
-		const __m128i sc = _mm256_castsi256_si128(sm);
-		const __m256i scales = _mm256_set_m128i(sc, sc);
-		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
-		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
-						   _mm256_extracti128_si256(bs, 1));
-		const __m128i prod = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), q8s);
-
-		acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			/* int16 scale 2j (2j + 1) in every lane */
-			const __m256i shl = _mm256_set1_epi16((short)(0x0100 * (4 * j + 1) + 4 * j));
-			const __m256i shh = _mm256_set1_epi16((short)(0x0100 * (4 * j + 3) + 4 * j + 2));
-			const __m256i bits = _mm256_loadu_si256((const void *)(x[i].qs + 32 * j));
-			const __m256i ql = _mm256_and_si256(bits, m4);
-			const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-			const __m256i yl = _mm256_loadu_si256((const void *)(q8 + 64 * j));
-			const __m256i yh = _mm256_loadu_si256((const void *)(q8 + 64 * j + 32));
-
-			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(ql, yl),
-						   _mm256_shuffle_epi8(scales, shl));
-			sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(qh, yh),
-						   _mm256_shuffle_epi8(scales, shh));
-		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-	}
-	acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-	acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
-	*out = hsum_f32x8(acc) + _mm_cvtss_f32(acc_m);
-}
-
-/*
  * Q4_K decoding (one token) with AVX-512 VBMI: each row bit-identical to
  * vec_dot_q4_k_q8_k_vnni, the same int32 lanes and the same float operations
  * in the same order, from fewer instructions.  One row and block is
@@ -498,9 +437,7 @@ VBMI static void q8_k_z_make(size_t nb, const struct eng_block_q8_k *y, struct q
 	for (size_t i = 0; i < nb; i++) {
 		for (int c = 0; c < 8; c++)
 			memcpy(z[i].qs + 32 * c, y[i].qs + 32 * order[c], 32);
-		_mm_store_si128((void *)z[i].q8s,
-				_mm_hadd_epi16(_mm_loadu_si128((const void *)y[i].bsums),
-					       _mm_loadu_si128((const void *)(y[i].bsums + 8))));
+		_mm_store_si128((void *)z[i].q8s, k_q8_sums_of(&y[i]));
 		z[i].d = y[i].d;
 	}
 }
@@ -685,7 +622,6 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
 #define KR_ATTR VNNI
 #define KR_NAME(f) f##_vnni
 #define KR_DPWSSD(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
-#define KR_DOT1_Q4_K vec_dot_q4_k_q8_k_vnni
 #include "quant_krows_tmpl.h"
 
 /*

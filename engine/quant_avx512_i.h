@@ -19,7 +19,7 @@
 
 /*
  * The 12 scale bytes b0..b11 (loaded with the 4 bytes after them) to
- * [sc0..sc7, mn0..mn7], as k4_scales_mins_ssse3 (quant_x86_i.h) does with
+ * [sc0..sc7, mn0..mn7], as k4_scales_mins_ymm (quant_x86_i.h) does with
  * three pshufbs where VBMI is missing:
  *   sc_j = b_j & 63, mn_j = b_{j+4} & 63                          (j < 4)
  *   sc_{j+4} = (b_{j+8} & 15) | (b_j >> 6) << 4

@@ -90,17 +90,13 @@ VBMI static void kz_fill(struct kz_block *T, const uint8_t *a, size_t a_stride, 
 		const unsigned p = t / 2, h = t % 2, q = t / 4, i = t % 4;
 
 		for (size_t b = 0; b < nbs; b++) {
-			const __m256i bs = _mm256_loadu_si256((const void *)y[b].bsums);
-
 			for (int s = 0; s < 8; s++)
 				_mm256_store_si256((void *)&T[b].qs[p][s][32 * h],
 						   _mm256_xor_si256(flip, _mm256_loadu_si256(
 									  (const void *)(y[b].qs + 32 * s))));
 			_mm256_store_ps(&T[b].dp[p][8 * h], _mm256_broadcast_ss(&y[b].d));
 			_mm_store_ps(&T[b].dq[q][4 * i], _mm_broadcast_ss(&y[b].d));
-			_mm_store_si128((void *)&T[b].q8s[q][8 * i],
-					_mm_hadd_epi16(_mm256_castsi256_si128(bs),
-						       _mm256_extracti128_si256(bs, 1)));
+			_mm_store_si128((void *)&T[b].q8s[q][8 * i], k_q8_sums_of(&y[b]));
 		}
 	}
 }

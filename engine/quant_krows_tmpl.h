@@ -8,11 +8,10 @@
  *   KR_DPWSSD(acc, a, b) acc + madd(a, b): an int32 accumulation, which
  *                        VNNI does in one instruction (integers: exact in
  *                        any order, so both sets give the same lanes)
- *   KR_DOT1_Q4_K         optional: the set's own one-row Q4_K vec_dot, for
- *                        one token (else the one-row kernel below)
  * and defines, besides the vec_dot8s, the one-row Q4_K and Q5_K kernel
- * (KR_NAME(dot_q45_k); KR_NAME(vec_dot_q5_k_q8_k) is its Q5_K vec_dot) and
- * the one-row Q6_K one (KR_NAME(vec_dot_q6_k_q8_k)).
+ * (KR_NAME(dot_q45_k); KR_NAME(vec_dot_q4_k_q8_k) and
+ * KR_NAME(vec_dot_q5_k_q8_k) are its vec_dots) and the one-row Q6_K one
+ * (KR_NAME(vec_dot_q6_k_q8_k)).
  * Each row and token is bit-identical to the set's vec_dot: the same int32
  * lanes, the same float steps in the same order, block after block.
  */
@@ -22,23 +21,26 @@
  * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
  * no saturation), then madd with the sub-block scale into int32 lanes (and
  * the add: KR_DPWSSD, one instruction with VNNI; integers, so the same
- * lanes either way).  This is the avx2 set's one-row Q4_K and Q5_K kernel
- * and the avx512 sets' Q5_K one (their Q4_K has its own).  The
- * scale is in every int16 lane by one pshufb (k_scale).  Session 29 had
+ * lanes either way).  This is the one-row Q4_K and Q5_K kernel of the avx2
+ * and avx512-novbmi sets (avx512 has its own for Q4_K), and decoding's: a
+ * vec_dot8 of one token passes S, the activation's k_q8_sums worked out
+ * once for its eight rows, where vec_dot (S NULL) works them out for each
+ * block.  The scale is in every int16 lane by one pshufb (k_scale).  Session 29 had
  * broadcast it by loads from a table stored on the stack, faster on an Intel
  * Xeon whose shuffle port was the busiest; on the Zen 5 the pshufb and d and
  * dmin converted together are 1.28x (one core, one token; session 39,
  * docs/benchmarks.md).  The mins term is accumulated
  * as ggml's AVX2 kernels do it (the reference engine's results depend on
- * the float order): bsums summed in pairs (hadd), times the mins (madd)
- * into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
+ * the float order): bsums summed in pairs (k_q8_sums), times the mins
+ * (madd) into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
  * into 4 float lanes, reduced at the end; Q5_K sums them to one integer and
  * accumulates dmin * that in a scalar (ggml's "summs += dmin * hsum",
  * contracted to an FMA in its -march=native build).  The row K_PREFETCH_ROWS
  * ahead is prefetched at the pace this one is read (quant_x86_i.h).
  */
 KR_ATTR static inline __attribute__((always_inline)) void
-KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, bool five)
+KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, const struct k_q8_sums *S,
+		   bool five)
 {
 	const struct eng_block_q4_k *x4 = w;
 	const struct eng_block_q5_k *x5 = w;
@@ -59,7 +61,7 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, bool five
 
 		memcpy(&dbits, five ? (const void *)&x5[i].d : (const void *)&x4[i].d, 4);
 		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dbits)),
-					     _mm_set1_ps(y[i].d));
+					     _mm_set1_ps(S ? S[i].d : y[i].d));
 		const int8_t *q8 = y[i].qs;
 		__m256i hbits = _mm256_setzero_si256();
 		__m256i sumi = _mm256_setzero_si256();
@@ -68,13 +70,9 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, bool five
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * bsize + 64 * l, _MM_HINT_T1);
 
-		const __m128i sm = k4_scales_mins_ssse3(five ? x5[i].scales : x4[i].scales);
-		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
-		const __m256i scales = _mm256_set_m128i(sc16, sc16);
-		const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
-		const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs),
-						   _mm256_extracti128_si256(bs, 1));
-		const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)), q8s);
+		const __m256i sm = k4_scales_mins_ymm(five ? x5[i].scales : x4[i].scales);
+		const __m128i q8s = S ? _mm_loadu_si128((const void *)S[i].q8s) : k_q8_sums_of(&y[i]);
+		const __m128i prod = _mm_madd_epi16(_mm256_castsi256_si128(k_mins(sm)), q8s);
 
 		if (five) {
 			summs = fmaf(-_mm_cvtss_f32(_mm_movehdup_ps(dm)), (float)hsum_i32x4(prod),
@@ -87,8 +85,8 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, bool five
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			/* int16 scale 2j (2j + 1) in every lane */
-			const __m256i scale_l = k_scale(scales, 2 * j);
-			const __m256i scale_h = k_scale(scales, 2 * j + 1);
+			const __m256i scale_l = k_scale(sm, 2 * j);
+			const __m256i scale_h = k_scale(sm, 2 * j + 1);
 			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
 			__m256i ql, qh;
 
@@ -117,12 +115,14 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, bool five
 KR_ATTR static inline void KR_NAME(vec_dot_q5_k_q8_k)(size_t n, float *out, const void *w,
 						      const void *a)
 {
-	KR_NAME(dot_q45_k)(n, out, w, a, true);
+	KR_NAME(dot_q45_k)(n, out, w, a, NULL, true);
 }
 
-#ifndef KR_DOT1_Q4_K
-#define KR_DOT1_Q4_K(n, out, w, a) KR_NAME(dot_q45_k)(n, out, w, a, false)
-#endif
+KR_ATTR static inline void KR_NAME(vec_dot_q4_k_q8_k)(size_t n, float *out, const void *w,
+						      const void *a)
+{
+	KR_NAME(dot_q45_k)(n, out, w, a, NULL, false);
+}
 
 /*
  * Q4_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
@@ -193,13 +193,9 @@ KR_ATTR static void KR_NAME(kr_q4_k_table)(struct kr_q4_k_tab *T, const uint8_t 
 		const struct eng_block_q8_k *y = (const struct eng_block_q8_k *)(act + t * a_stride);
 
 		for (size_t i = 0; i < nb; i++) {
-			const __m256i bs = _mm256_loadu_si256((const void *)y[i].bsums);
-
 			T[i].d[t] = y[i].d;
 			_mm_storeu_ps(T[i].dq[t], _mm_set1_ps(y[i].d));
-			_mm_storeu_si128((void *)T[i].q8s[t],
-					 _mm_hadd_epi16(_mm256_castsi256_si128(bs),
-							_mm256_extracti128_si256(bs, 1)));
+			_mm_storeu_si128((void *)T[i].q8s[t], k_q8_sums_of(&y[i]));
 		}
 	}
 }
@@ -210,7 +206,7 @@ KR_ATTR static void KR_NAME(kr_q4_k_table)(struct kr_q4_k_tab *T, const uint8_t 
  * kr_q4_k_tab.  acc_m[u] holds the mins' four lanes of tokens 2u (low half)
  * and 2u + 1. */
 KR_ATTR static inline __attribute__((always_inline)) void
-KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i mins,
+KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i sm, __m256i mins,
 		       const int8_t *const *ys, size_t i, const struct kr_q4_k_tab *T,
 		       const unsigned tn, __m256 *acc, __m256 *acc_m)
 {
@@ -222,8 +218,7 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i m
 		sumi[t] = _mm256_setzero_si256();
 	for (int j = 0; j < ENG_QK_K / 64; j++) {
 		/* [s_2j, s_2j+1] in every dword: the shared madd's scales */
-		const __m256i sp =
-			_mm256_shuffle_epi8(scales, _mm256_set1_epi32(0x03020100 + 0x04040404 * j));
+		const __m256i sp = k_scale_pair(sm, j);
 		const __m256i bits = _mm256_loadu_si256((const void *)(x->qs + 32 * j));
 		const __m256i ql = _mm256_and_si256(bits, m4);
 		const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
@@ -267,14 +262,11 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 	for (unsigned u = 0; u < (tn + 1) / 2; u++)
 		acc_m[u] = _mm256_setzero_ps();
 	for (size_t i = 0; i < nb; i++) {
-		const __m128i sm = k4_scales_mins_ssse3(x[i].scales);
-		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
-		const __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
+		const __m256i sm = k4_scales_mins_ymm(x[i].scales);
 
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-		KR_NAME(q4_k_block_tn)(&x[i], _mm256_set_m128i(sc16, sc16),
-				       _mm256_set_m128i(mn16, mn16), ys, i, &T[i], tn, acc, acc_m);
+		KR_NAME(q4_k_block_tn)(&x[i], sm, k_mins(sm), ys, i, &T[i], tn, acc, acc_m);
 	}
 	for (unsigned t = 0; t < tn; t++) {
 		/* token t's four mins lanes: half t % 2 of acc_m[t / 2] */
@@ -498,12 +490,10 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		summs[t] = 0.0f;
 	}
 	for (size_t i = 0; i < nb; i++) {
-		const __m128i sm = k4_scales_mins_ssse3(x[i].scales);
-		const __m128i sc16 = _mm_cvtepu8_epi16(sm);
-		const __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
+		const __m256i sm = k4_scales_mins_ymm(x[i].scales);
+		const __m128i mn16 = _mm256_castsi256_si128(k_mins(sm));
 		const __m256i hbits = _mm256_loadu_si256((const void *)x[i].qh);
 		const float xd = fp16(x[i].d), xdmin = fp16(x[i].dmin);
-		const __m256i scales = _mm256_set_m128i(sc16, sc16);
 		__m256i sumi[KR_TOKENS];
 
 		for (int l = 0; l < 3; l++)
@@ -512,8 +502,8 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 			sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			const __m256i scale_l = k_scale(scales, 2 * j);
-			const __m256i scale_h = k_scale(scales, 2 * j + 1);
+			const __m256i scale_l = k_scale(sm, 2 * j);
+			const __m256i scale_h = k_scale(sm, 2 * j + 1);
 			__m256i ql, qh;
 
 			q5_k_quants(_mm256_loadu_si256((const void *)(x[i].qs + 32 * j)), hbits, j, &ql,
@@ -547,26 +537,31 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		out[t * out_stride] = hsum_f32x8(acc[t]) + summs[t];
 }
 
-/* Q4_K's or Q5_K's vec_dot8: decoding, or rows longer than the table, row
- * by row through the one-row kernel; else eight tokens at a time through
- * the table and the row kernels above. */
+/* Q4_K's or Q5_K's vec_dot8: decoding, row by row through the one-row
+ * kernel with the activation's k_q8_sums worked out once for the eight
+ * rows; rows longer than the table, row by row as vec_dot does them; else
+ * eight tokens at a time through the table and the row kernels above. */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(dot8_q45_k)(size_t n, unsigned nt, float *out, size_t out_stride, const void *w,
 		    size_t stride, const void *a, size_t a_stride, const bool five)
 {
 	const size_t nb = n / ENG_QK_K;
 
-	if (nt == 1 || nb > KR_TABLE_BLOCKS) { /* decoding, or longer than the table */
+	if (nb > KR_TABLE_BLOCKS) {
 		for (int r = 0; r < 8; r++)
-			for (unsigned t = 0; t < nt; t++) {
-				const uint8_t *x = (const uint8_t *)w + (size_t)r * stride;
-				const uint8_t *y = (const uint8_t *)a + t * a_stride;
+			for (unsigned t = 0; t < nt; t++)
+				KR_NAME(dot_q45_k)(n, out + t * out_stride + r,
+						   (const uint8_t *)w + (size_t)r * stride,
+						   (const uint8_t *)a + t * a_stride, NULL, five);
+		return;
+	}
+	if (nt == 1) {
+		struct k_q8_sums S[KR_TABLE_BLOCKS];
 
-				if (five)
-					KR_NAME(vec_dot_q5_k_q8_k)(n, out + t * out_stride + r, x, y);
-				else
-					KR_DOT1_Q4_K(n, out + t * out_stride + r, x, y);
-			}
+		k_q8_sums_make(S, a, nb);
+		for (int r = 0; r < 8; r++)
+			KR_NAME(dot_q45_k)(n, out + r, (const uint8_t *)w + (size_t)r * stride, a, S,
+					   five);
 		return;
 	}
 	for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
@@ -609,4 +604,3 @@ KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *ou
 #undef KR_ATTR
 #undef KR_NAME
 #undef KR_DPWSSD
-#undef KR_DOT1_Q4_K

@@ -81,39 +81,85 @@ static inline void q6_k_unpack(const uint8_t *ql, const uint8_t *qh, __m256i q[4
  * in vector registers: three pshufbs and a few masks, where unpacking byte
  * by byte took some forty general-register operations a block and the
  * moves into vector registers after them.  The 16-bit shifts pull bits of
- * the next byte into the top of the low one; the masks drop them.
+ * the next byte into the top of the low one; the masks drop them.  The 16
+ * bytes are loaded into both 128-bit halves (a broadcast load) and worked
+ * on in both at once, for the same instructions: k_scale and k_mins then
+ * take their int16s straight from the bytes, with no widening and no
+ * insert of one half into the other.
  */
-static inline __m128i k4_scales_mins_ssse3(const uint8_t *p)
+#define K_BYTES2(...) _mm256_broadcastsi128_si256(_mm_setr_epi8(__VA_ARGS__))
+static inline __m256i k4_scales_mins_ymm(const uint8_t *p)
 {
-	const __m128i v = _mm_loadu_si128((const void *)p);
+	const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const void *)p));
 	/* [b0..3, b8..11, b4..7, -] & [63, 15, 63, 0] */
-	const __m128i lo = _mm_and_si128(
-		_mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
-		_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+	const __m256i lo = _mm256_and_si256(
+		_mm256_shuffle_epi8(v, K_BYTES2(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
+		K_BYTES2(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
 	/* [-, -, -, b8..11 >> 4] */
-	const __m128i hi = _mm_and_si128(
-		_mm_shuffle_epi8(_mm_srli_epi16(v, 4),
-				 _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11)),
-		_mm_set1_epi8(0x0f));
+	const __m256i hi = _mm256_and_si256(
+		_mm256_shuffle_epi8(_mm256_srli_epi16(v, 4), K_BYTES2(-1, -1, -1, -1, -1, -1, -1, -1,
+								       -1, -1, -1, -1, 8, 9, 10, 11)),
+		_mm256_set1_epi8(0x0f));
 	/* [-, b0..3, -, b4..7] >> 6 << 4 */
-	const __m128i top = _mm_and_si128(
-		_mm_srli_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1,
-								  -1, 4, 5, 6, 7)),
-			       2),
-		_mm_set1_epi8(0x30));
+	const __m256i top = _mm256_and_si256(
+		_mm256_srli_epi16(_mm256_shuffle_epi8(v, K_BYTES2(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1,
+								   -1, -1, 4, 5, 6, 7)),
+				  2),
+		_mm256_set1_epi8(0x30));
 
-	return _mm_or_si128(_mm_or_si128(lo, hi), top);
+	return _mm256_or_si256(_mm256_or_si256(lo, hi), top);
 }
 
 /*
- * Int16 scale s (0..7) of scales, [8 scales | the same 8], in every int16
- * lane: one pshufb.  (A store of the scales in pairs and broadcast loads of
- * them was faster on an Intel Xeon, whose one shuffle port was the busiest;
- * on the Zen 5 the pshufb is: one core's Q4_K one-row kernel, 1.28x.)
+ * Scale s (0..7) of k4_scales_mins_ymm's sm as an int16 in every lane: one pshufb
+ * (a mask byte with its top bit set gives 0, the high byte).  (A store of
+ * the scales in pairs and broadcast loads of them was faster on an Intel
+ * Xeon, whose one shuffle port was the busiest; on the Zen 5 the pshufb is:
+ * one core's Q4_K one-row kernel, 1.28x.)
  */
-static inline __attribute__((always_inline)) __m256i k_scale(__m256i scales, int s)
+static inline __attribute__((always_inline)) __m256i k_scale(__m256i sm, int s)
 {
-	return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 * (2 * s + 1) + 2 * s)));
+	return _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0xff00 | s)));
+}
+
+/* Scales 2j and 2j + 1 of sm as int16s, [s_2j, s_2j+1] in every dword. */
+static inline __attribute__((always_inline)) __m256i k_scale_pair(__m256i sm, int j)
+{
+	return _mm256_shuffle_epi8(sm, _mm256_set1_epi32((int)(0xff00ff00u | (2u * j + 1) << 16 | 2u * j)));
+}
+
+/* The mins of sm as int16s, [mn0..mn7] in both halves. */
+static inline __m256i k_mins(__m256i sm)
+{
+	return _mm256_shuffle_epi8(sm, K_BYTES2(8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1,
+						15, -1));
+}
+#undef K_BYTES2
+
+/*
+ * What a Q8_K block gives every K-quant row it meets: its bsums summed in
+ * pairs (the int16s the eight mins of a Q4_K or Q5_K block multiply) and
+ * y.d.  The one-row kernels work them out for each block (k_q8_sums_of),
+ * or read them from a table that a call of several rows made once
+ * (k_q8_sums_make): a load in place of four operations a block and row.
+ */
+struct k_q8_sums {
+	int16_t q8s[8]; /* bsums[2k] + bsums[2k + 1] */
+	float d;
+};
+
+static inline __m128i k_q8_sums_of(const struct eng_block_q8_k *y)
+{
+	return _mm_hadd_epi16(_mm_loadu_si128((const void *)y->bsums),
+			      _mm_loadu_si128((const void *)(y->bsums + 8)));
+}
+
+static inline void k_q8_sums_make(struct k_q8_sums *S, const struct eng_block_q8_k *y, size_t nb)
+{
+	for (size_t i = 0; i < nb; i++) {
+		_mm_storeu_si128((void *)S[i].q8s, k_q8_sums_of(&y[i]));
+		S[i].d = y[i].d;
+	}
 }
 
 /*

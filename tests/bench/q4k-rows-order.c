@@ -171,7 +171,7 @@ __attribute__((noinline)) static void dot8(size_t nb, unsigned nt, float *out, s
 
 			for (int r = 0; r < 8; r++) {
 				x[r] = (const struct eng_block_q4_k *)(w + r * stride) + i;
-				sm[r] = k4_scales_mins_ssse3(x[r]->scales);
+				sm[r] = _mm256_castsi256_si128(k4_scales_mins_ymm(x[r]->scales));
 				xd[r] = fp16(x[r]->d);
 				xm[r] = fp16(x[r]->dmin);
 			}
