@@ -406,7 +406,7 @@ VNNI static void dot_q8_0_rows(size_t n, float *out, const uint8_t *rows, size_t
  *     each 64-byte load the two sub-blocks a vector holds), with the
  *     bsums' pair sums the mins need;
  *   - the 6-bit scales and mins are unpacked in vector registers
- *     (k4_scales_mins), and each vector's two scales put in place by one
+ *     (k4_scales_mins_vbmi), and each vector's two scales put in place by one
  *     zero-masking vpermb;
  *   - the two 256-bit halves of the int32 sums are added (exact) before
  *     the one conversion to float, so the lanes are vec_dot's;
@@ -475,7 +475,7 @@ VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row
 		/* [d, dmin] * y.d: y.d * d rounds the same either way round */
 		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const void *)&x[i].d)),
 					     _mm_broadcast_ss(&z[i].d));
-		const __m128i sm = k4_scales_mins(x[i].scales);
+		const __m128i sm = k4_scales_mins_vbmi(x[i].scales);
 		const __m512i smz = _mm512_castsi128_si512(sm);
 		const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
 		const __m128i q8s = _mm_load_si128((const void *)z[i].q8s);

@@ -19,15 +19,16 @@
 
 /*
  * The 12 scale bytes b0..b11 (loaded with the 4 bytes after them) to
- * [sc0..sc7, mn0..mn7], as k4_scales_mins_ymm (quant_x86_i.h) does with
- * three pshufbs where VBMI is missing:
+ * [sc0..sc7, mn0..mn7] in a vector register, with VBMI's two-source byte
+ * permute (quant_x86_i.h's k4_scales_mins does it in general registers,
+ * for the AVX2 kernels):
  *   sc_j = b_j & 63, mn_j = b_{j+4} & 63                          (j < 4)
  *   sc_{j+4} = (b_{j+8} & 15) | (b_j >> 6) << 4
  *   mn_{j+4} = (b_{j+8} >> 4) | (b_{j+4} >> 6) << 4
  * The 16-bit shifts pull bits of the next byte into the top of the low one;
  * the masks drop them.
  */
-VBMI static inline __attribute__((always_inline)) __m128i k4_scales_mins(const uint8_t *p)
+VBMI static inline __attribute__((always_inline)) __m128i k4_scales_mins_vbmi(const uint8_t *p)
 {
 	const __m128i v = _mm_loadu_si128((const void *)p);
 	/* [b0..3, b8..11, b4..7, (b8..11) >> 4] */

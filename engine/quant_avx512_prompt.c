@@ -119,7 +119,7 @@ kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs
 		accm[q] = first ? _mm512_setzero_ps() : accm_io[q];
 	for (size_t b = 0; b < nbs; b++) {
 		const struct eng_block_q4_k *xb = x + b;
-		const __m128i sm = k4_scales_mins(xb->scales);
+		const __m128i sm = k4_scales_mins_vbmi(xb->scales);
 		/* dword j: scale j in both int16 halves, for vpdpwssd's broadcast */
 		const __m256i s32 = _mm256_cvtepu8_epi32(sm);
 		int32_t tab[8] __attribute__((aligned(32)));

@@ -70,9 +70,13 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, const str
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * bsize + 64 * l, _MM_HINT_T1);
 
-		const __m256i sm = k4_scales_mins_ymm(five ? x5[i].scales : x4[i].scales);
+		uint64_t sc, mn;
+
+		k4_scales_mins(five ? x5[i].scales : x4[i].scales, &sc, &mn);
+		const __m256i scales = k_scales(sc);
 		const __m128i q8s = S ? _mm_loadu_si128((const void *)S[i].q8s) : k_q8_sums_of(&y[i]);
-		const __m128i prod = _mm_madd_epi16(_mm256_castsi256_si128(k_mins(sm)), q8s);
+		const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)),
+						    q8s);
 
 		if (five) {
 			summs = fmaf(-_mm_cvtss_f32(_mm_movehdup_ps(dm)), (float)hsum_i32x4(prod),
@@ -85,8 +89,8 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, const str
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			/* int16 scale 2j (2j + 1) in every lane */
-			const __m256i scale_l = k_scale(sm, 2 * j);
-			const __m256i scale_h = k_scale(sm, 2 * j + 1);
+			const __m256i scale_l = k_scale(scales, 2 * j);
+			const __m256i scale_h = k_scale(scales, 2 * j + 1);
 			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
 			__m256i ql, qh;
 
@@ -206,7 +210,7 @@ KR_ATTR static void KR_NAME(kr_q4_k_table)(struct kr_q4_k_tab *T, const uint8_t 
  * kr_q4_k_tab.  acc_m[u] holds the mins' four lanes of tokens 2u (low half)
  * and 2u + 1. */
 KR_ATTR static inline __attribute__((always_inline)) void
-KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i sm, __m256i mins,
+KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i mins,
 		       const int8_t *const *ys, size_t i, const struct kr_q4_k_tab *T,
 		       const unsigned tn, __m256 *acc, __m256 *acc_m)
 {
@@ -218,7 +222,7 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i sm, __m256i mins,
 		sumi[t] = _mm256_setzero_si256();
 	for (int j = 0; j < ENG_QK_K / 64; j++) {
 		/* [s_2j, s_2j+1] in every dword: the shared madd's scales */
-		const __m256i sp = k_scale_pair(sm, j);
+		const __m256i sp = k_scale_pair(scales, j);
 		const __m256i bits = _mm256_loadu_si256((const void *)(x->qs + 32 * j));
 		const __m256i ql = _mm256_and_si256(bits, m4);
 		const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
@@ -262,11 +266,12 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 	for (unsigned u = 0; u < (tn + 1) / 2; u++)
 		acc_m[u] = _mm256_setzero_ps();
 	for (size_t i = 0; i < nb; i++) {
-		const __m256i sm = k4_scales_mins_ymm(x[i].scales);
+		uint64_t sc, mn;
 
+		k4_scales_mins(x[i].scales, &sc, &mn);
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-		KR_NAME(q4_k_block_tn)(&x[i], sm, k_mins(sm), ys, i, &T[i], tn, acc, acc_m);
+		KR_NAME(q4_k_block_tn)(&x[i], k_scales(sc), k_mins(mn), ys, i, &T[i], tn, acc, acc_m);
 	}
 	for (unsigned t = 0; t < tn; t++) {
 		/* token t's four mins lanes: half t % 2 of acc_m[t / 2] */
@@ -490,8 +495,11 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		summs[t] = 0.0f;
 	}
 	for (size_t i = 0; i < nb; i++) {
-		const __m256i sm = k4_scales_mins_ymm(x[i].scales);
-		const __m128i mn16 = _mm256_castsi256_si128(k_mins(sm));
+		uint64_t sc, mn;
+
+		k4_scales_mins(x[i].scales, &sc, &mn);
+		const __m256i scales = k_scales(sc);
+		const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
 		const __m256i hbits = _mm256_loadu_si256((const void *)x[i].qh);
 		const float xd = fp16(x[i].d), xdmin = fp16(x[i].dmin);
 		__m256i sumi[KR_TOKENS];
@@ -502,8 +510,8 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 			sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
-			const __m256i scale_l = k_scale(sm, 2 * j);
-			const __m256i scale_h = k_scale(sm, 2 * j + 1);
+			const __m256i scale_l = k_scale(scales, 2 * j);
+			const __m256i scale_h = k_scale(scales, 2 * j + 1);
 			__m256i ql, qh;
 
 			q5_k_quants(_mm256_loadu_si256((const void *)(x[i].qs + 32 * j)), hbits, j, &ql,

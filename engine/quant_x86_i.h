@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 /*
  * The code that runs before the cpuid check (and the table set-up, which the
@@ -73,68 +74,67 @@ static inline void q6_k_unpack(const uint8_t *ql, const uint8_t *qh, __m256i q[4
 }
 
 /*
- * The 12 scale bytes b0..b11 (loaded with the 4 bytes after them) to
- * [sc0..sc7, mn0..mn7] (see quant_ref.c's k4_scale_min):
+ * A Q4_K or Q5_K block's 12 scale bytes b0..b11 to its eight scales and
+ * eight mins, a byte each (see quant_ref.c's k4_scale_min):
  *   sc_j = b_j & 63, mn_j = b_{j+4} & 63                          (j < 4)
  *   sc_{j+4} = (b_{j+8} & 15) | (b_j >> 6) << 4
  *   mn_{j+4} = (b_{j+8} >> 4) | (b_{j+4} >> 6) << 4
- * in vector registers: three pshufbs and a few masks, where unpacking byte
- * by byte took some forty general-register operations a block and the
- * moves into vector registers after them.  The 16-bit shifts pull bits of
- * the next byte into the top of the low one; the masks drop them.  The 16
- * bytes are loaded into both 128-bit halves (a broadcast load) and worked
- * on in both at once, for the same instructions: k_scale and k_mins then
- * take their int16s straight from the bytes, with no widening and no
- * insert of one half into the other.
+ * eight at a time in two 64-bit general registers: *sc = sc0..sc7 and *mn =
+ * mn0..mn7, byte j in bits 8j..8j+7.  In the one-row kernels the vector
+ * pipes are the busy ones and the integer ALUs idle: in vector registers
+ * (three pshufbs, shifts and masks, then a widening and an insert) this
+ * was a sixth of a block's vector instructions, and here it is two moves
+ * into them (k_scales, k_mins).  One core's AVX2 Q4_K one-row kernel, Zen
+ * 5: 1.2x (docs/benchmarks.md, issue 17, session 45).
  */
-#define K_BYTES2(...) _mm256_broadcastsi128_si256(_mm_setr_epi8(__VA_ARGS__))
-static inline __m256i k4_scales_mins_ymm(const uint8_t *p)
+static inline void k4_scales_mins(const uint8_t *p, uint64_t *sc, uint64_t *mn)
 {
-	const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const void *)p));
-	/* [b0..3, b8..11, b4..7, -] & [63, 15, 63, 0] */
-	const __m256i lo = _mm256_and_si256(
-		_mm256_shuffle_epi8(v, K_BYTES2(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
-		K_BYTES2(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
-	/* [-, -, -, b8..11 >> 4] */
-	const __m256i hi = _mm256_and_si256(
-		_mm256_shuffle_epi8(_mm256_srli_epi16(v, 4), K_BYTES2(-1, -1, -1, -1, -1, -1, -1, -1,
-								       -1, -1, -1, -1, 8, 9, 10, 11)),
-		_mm256_set1_epi8(0x0f));
-	/* [-, b0..3, -, b4..7] >> 6 << 4 */
-	const __m256i top = _mm256_and_si256(
-		_mm256_srli_epi16(_mm256_shuffle_epi8(v, K_BYTES2(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1,
-								   -1, -1, 4, 5, 6, 7)),
-				  2),
-		_mm256_set1_epi8(0x30));
+	uint64_t l; /* b0..b7 */
+	uint32_t h; /* b8..b11 */
 
-	return _mm256_or_si256(_mm256_or_si256(lo, hi), top);
+	memcpy(&l, p, 8);
+	memcpy(&h, p + 8, 4);
+	/* [sc0..3 | mn0..3] */
+	const uint64_t low = l & 0x3f3f3f3f3f3f3f3full;
+	/* [sc4..7 | mn4..7]: the nibbles of b8..b11, low then high, and the
+	 * top two bits of b0..b7 as bits 4-5 */
+	const uint64_t high = (((uint64_t)h | (uint64_t)h << 28) & 0x0f0f0f0f0f0f0f0full) |
+			      ((l >> 2) & 0x3030303030303030ull);
+
+	*sc = (low & 0xffffffffu) | high << 32;
+	*mn = low >> 32 | (high & 0xffffffff00000000ull);
+}
+
+/* The scales in every 64 bits, for k_scale and k_scale_pair. */
+static inline __m256i k_scales(uint64_t sc)
+{
+	return _mm256_set1_epi64x((long long)sc);
 }
 
 /*
- * Scale s (0..7) of k4_scales_mins_ymm's sm as an int16 in every lane: one pshufb
+ * Scale s (0..7) of k_scales' vector as an int16 in every lane: one pshufb
  * (a mask byte with its top bit set gives 0, the high byte).  (A store of
  * the scales in pairs and broadcast loads of them was faster on an Intel
- * Xeon, whose one shuffle port was the busiest; on the Zen 5 the pshufb is:
- * one core's Q4_K one-row kernel, 1.28x.)
+ * Xeon, whose one shuffle port was the busiest; on the Zen 5 the pshufb is
+ * 1.3-1.4x: the stores and reloads cost more than the shuffles.)
  */
-static inline __attribute__((always_inline)) __m256i k_scale(__m256i sm, int s)
+static inline __attribute__((always_inline)) __m256i k_scale(__m256i scales, int s)
 {
-	return _mm256_shuffle_epi8(sm, _mm256_set1_epi16((short)(0xff00 | s)));
+	return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0xff00 | s)));
 }
 
-/* Scales 2j and 2j + 1 of sm as int16s, [s_2j, s_2j+1] in every dword. */
-static inline __attribute__((always_inline)) __m256i k_scale_pair(__m256i sm, int j)
+/* Scales 2j and 2j + 1 as int16s, [s_2j, s_2j+1] in every dword. */
+static inline __attribute__((always_inline)) __m256i k_scale_pair(__m256i scales, int j)
 {
-	return _mm256_shuffle_epi8(sm, _mm256_set1_epi32((int)(0xff00ff00u | (2u * j + 1) << 16 | 2u * j)));
+	return _mm256_shuffle_epi8(scales,
+				   _mm256_set1_epi32((int)(0xff00ff00u | (2u * j + 1) << 16 | 2u * j)));
 }
 
-/* The mins of sm as int16s, [mn0..mn7] in both halves. */
-static inline __m256i k_mins(__m256i sm)
+/* The mins as int16s, [mn0..mn7] in both 128-bit halves. */
+static inline __m256i k_mins(uint64_t mn)
 {
-	return _mm256_shuffle_epi8(sm, K_BYTES2(8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1,
-						15, -1));
+	return _mm256_cvtepu8_epi16(_mm_set1_epi64x((long long)mn));
 }
-#undef K_BYTES2
 
 /*
  * What a Q8_K block gives every K-quant row it meets: its bsums summed in

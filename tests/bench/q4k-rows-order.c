@@ -171,7 +171,10 @@ __attribute__((noinline)) static void dot8(size_t nb, unsigned nt, float *out, s
 
 			for (int r = 0; r < 8; r++) {
 				x[r] = (const struct eng_block_q4_k *)(w + r * stride) + i;
-				sm[r] = _mm256_castsi256_si128(k4_scales_mins_ymm(x[r]->scales));
+				uint64_t s8, m8;
+
+				k4_scales_mins(x[r]->scales, &s8, &m8);
+				sm[r] = _mm_set_epi64x((long long)m8, (long long)s8);
 				xd[r] = fp16(x[r]->d);
 				xm[r] = fp16(x[r]->dmin);
 			}
