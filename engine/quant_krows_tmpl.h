@@ -290,10 +290,15 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
  * 128-bit lane of each 32 activations holds elements 0-15 (scale 2k), the
  * high lane 16-31 (scale 2k+1).  The sixteen scales are widened once a block
  * and each pair put in place by one pshufb; the row K_PREFETCH_ROWS ahead is
- * prefetched (quant_x86_i.h).
+ * prefetched (quant_x86_i.h).  y32, where given, holds each block's 32 * y
+ * in pairs (maddubs(32, y), the same int16s), worked out once for a
+ * decoding vec_dot8's eight rows (q6_k_y32): a load in place of a maddubs
+ * each 32 elements.
  */
-KR_ATTR static void KR_NAME(vec_dot_q6_k_q8_k)(size_t n, float *out, const void *w,
-						const void *a)
+#define Q6_K_Y32 (ENG_QK_K / 2) /* int16s of y32 a block */
+
+KR_ATTR static inline __attribute__((always_inline)) void
+KR_NAME(dot_q6_k)(size_t n, float *out, const void *w, const void *a, const int16_t *y32)
 {
 	const struct eng_block_q6_k *x = w;
 	const struct eng_block_q8_k *y = a;
@@ -326,8 +331,11 @@ KR_ATTR static void KR_NAME(vec_dot_q6_k_q8_k)(size_t n, float *out, const void 
 			q6_k_unpack(ql, qhp, q);
 			for (int k = 0; k < 4; k++) {
 				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
-				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk),
-								     _mm256_maddubs_epi16(m32, yk));
+				const __m256i y32k =
+					y32 ? _mm256_loadu_si256((const void *)(y32 + Q6_K_Y32 * i +
+										64 * h + 16 * k))
+					    : _mm256_maddubs_epi16(m32, yk);
+				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk), y32k);
 
 				sumi = KR_DPWSSD(sumi, p16, _mm256_shuffle_epi8(sch, shuf[k]));
 			}
@@ -335,6 +343,24 @@ KR_ATTR static void KR_NAME(vec_dot_q6_k_q8_k)(size_t n, float *out, const void 
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
 	}
 	*out = hsum_f32x8(acc);
+}
+
+KR_ATTR static void KR_NAME(vec_dot_q6_k_q8_k)(size_t n, float *out, const void *w,
+						const void *a)
+{
+	KR_NAME(dot_q6_k)(n, out, w, a, NULL);
+}
+
+/* dot_q6_k's y32 for the nb blocks of y. */
+KR_ATTR static void KR_NAME(q6_k_y32)(int16_t *y32, const struct eng_block_q8_k *y, size_t nb)
+{
+	const __m256i m32 = _mm256_set1_epi8(32);
+
+	for (size_t i = 0; i < nb; i++)
+		for (int k = 0; k < ENG_QK_K / 32; k++)
+			_mm256_storeu_si256(
+				(void *)(y32 + Q6_K_Y32 * i + 16 * k),
+				_mm256_maddubs_epi16(m32, _mm256_loadu_si256((const void *)(y[i].qs + 32 * k))));
 }
 
 /*
@@ -446,7 +472,16 @@ KR_ATTR static void KR_NAME(vec_dot8_q6_k_q8_k)(size_t n, unsigned nt, float *ou
 						 size_t out_stride, const void *w, size_t stride,
 						 const void *a, size_t a_stride)
 {
-	if (nt == 1) { /* decoding: nothing to share, the one-row kernel */
+	if (nt == 1 && n / ENG_QK_K <= KR_TABLE_BLOCKS) {
+		/* decoding: the one-row kernel, with y32 worked out once */
+		int16_t y32[KR_TABLE_BLOCKS * Q6_K_Y32];
+
+		KR_NAME(q6_k_y32)(y32, a, n / ENG_QK_K);
+		for (int r = 0; r < 8; r++)
+			KR_NAME(dot_q6_k)(n, out + r, (const uint8_t *)w + (size_t)r * stride, a, y32);
+		return;
+	}
+	if (nt == 1) { /* decoding, a row longer than the table */
 		for (int r = 0; r < 8; r++)
 			KR_NAME(vec_dot_q6_k_q8_k)(n, out + r, (const uint8_t *)w + (size_t)r * stride,
 						   a);
@@ -612,3 +647,4 @@ KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *ou
 #undef KR_ATTR
 #undef KR_NAME
 #undef KR_DPWSSD
+#undef Q6_K_Y32

@@ -53,24 +53,26 @@ static inline int32_t hsum_i32x4(__m128i v)
 /*
  * The 6-bit quants (0..63) of 128 Q6_K elements: the low 4 bits from 64
  * bytes of ql, the high 2 from 32 bytes of qh, q[k] = elements 32k..32k+31.
- * (bh >> s) & 3 never takes bits from the next byte.
+ * Each 2-bit field of qh is shifted to bits 4-5 of its byte and masked
+ * there (a 16-bit shift by up to 4 never brings the other byte's bits
+ * into them).
  */
 static inline void q6_k_unpack(const uint8_t *ql, const uint8_t *qh, __m256i q[4])
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	const __m256i m2 = _mm256_set1_epi8(0x03);
+	const __m256i m30 = _mm256_set1_epi8(0x30);
 	const __m256i b1 = _mm256_loadu_si256((const void *)ql);
 	const __m256i b2 = _mm256_loadu_si256((const void *)(ql + 32));
 	const __m256i bh = _mm256_loadu_si256((const void *)qh);
 
 	q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
-			       _mm256_slli_epi16(_mm256_and_si256(bh, m2), 4));
+			       _mm256_and_si256(_mm256_slli_epi16(bh, 4), m30));
 	q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4),
-			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 2), m2), 4));
+			       _mm256_and_si256(_mm256_slli_epi16(bh, 2), m30));
 	q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
-			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 4), m2), 4));
+			       _mm256_and_si256(bh, m30));
 	q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
-			       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 6), m2), 4));
+			       _mm256_and_si256(_mm256_srli_epi16(bh, 2), m30));
 }
 
 /*
