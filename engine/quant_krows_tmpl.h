@@ -21,18 +21,19 @@
  * via maddubs (unsigned quant <= 31 times signed int8: pair sums below 2^13,
  * no saturation), then madd with the sub-block scale into int32 lanes (and
  * the add: KR_DPWSSD, one instruction with VNNI; integers, so the same
- * lanes either way).  This is the one-row Q4_K and Q5_K kernel of the avx2
- * and avx512-novbmi sets (avx512 has its own for Q4_K), and decoding's: a
- * vec_dot8 of one token passes S, the activation's k_q8_sums worked out
- * once for its eight rows, where vec_dot (S NULL) works them out for each
- * block.  The scale is in every int16 lane by one pshufb (k_scale).  Session 29 had
- * broadcast it by loads from a table stored on the stack, faster on an Intel
- * Xeon whose shuffle port was the busiest; on the Zen 5 the pshufb and d and
- * dmin converted together are 1.28x (one core, one token; session 39,
- * docs/benchmarks.md).  The mins term is accumulated
- * as ggml's AVX2 kernels do it (the reference engine's results depend on
- * the float order): bsums summed in pairs (k_q8_sums), times the mins
- * (madd) into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
+ * lanes either way).  This is every x86 set's one-row Q4_K and Q5_K kernel
+ * (avx512 decodes Q4_K with its own 512-bit one, the same bits): vec_dot
+ * (S NULL) works the activation's k_q8_sums out for each block, a decoding
+ * vec_dot8 once for its eight rows (S).  The scales and mins are unpacked
+ * in general registers (k4_scales_mins: the vector pipes are this kernel's
+ * limit), each scale put in every int16 lane by one pshufb (k_scale).
+ * Session 29 had broadcast it by loads from a table stored on the stack,
+ * faster on an Intel Xeon whose shuffle port was the busiest; on the Zen 5
+ * the pshufb and d and dmin converted together are 1.28x (one core, one
+ * token; session 39, docs/benchmarks.md).  The mins term is accumulated as
+ * ggml's AVX2 kernels do it (the reference engine's results depend on the
+ * float order): bsums summed in pairs (k_q8_sums), times the mins (madd)
+ * into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
  * into 4 float lanes, reduced at the end; Q5_K sums them to one integer and
  * accumulates dmin * that in a scalar (ggml's "summs += dmin * hsum",
  * contracted to an FMA in its -march=native build).  The row K_PREFETCH_ROWS
@@ -331,11 +332,11 @@ KR_NAME(dot_q6_k)(size_t n, float *out, const void *w, const void *a, const int1
 			q6_k_unpack(ql, qhp, q);
 			for (int k = 0; k < 4; k++) {
 				const __m256i yk = _mm256_loadu_si256((const void *)(q8 + 32 * k));
-				const __m256i y32k =
-					y32 ? _mm256_loadu_si256((const void *)(y32 + Q6_K_Y32 * i +
-										64 * h + 16 * k))
-					    : _mm256_maddubs_epi16(m32, yk);
-				const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], yk), y32k);
+				const int16_t *y32k = y32 + Q6_K_Y32 * i + 64 * h + 16 * k;
+				const __m256i p16 = _mm256_sub_epi16(
+					_mm256_maddubs_epi16(q[k], yk),
+					y32 ? _mm256_loadu_si256((const void *)y32k)
+					    : _mm256_maddubs_epi16(m32, yk));
 
 				sumi = KR_DPWSSD(sumi, p16, _mm256_shuffle_epi8(sch, shuf[k]));
 			}
@@ -357,10 +358,12 @@ KR_ATTR static void KR_NAME(q6_k_y32)(int16_t *y32, const struct eng_block_q8_k 
 	const __m256i m32 = _mm256_set1_epi8(32);
 
 	for (size_t i = 0; i < nb; i++)
-		for (int k = 0; k < ENG_QK_K / 32; k++)
-			_mm256_storeu_si256(
-				(void *)(y32 + Q6_K_Y32 * i + 16 * k),
-				_mm256_maddubs_epi16(m32, _mm256_loadu_si256((const void *)(y[i].qs + 32 * k))));
+		for (int k = 0; k < ENG_QK_K / 32; k++) {
+			const __m256i yk = _mm256_loadu_si256((const void *)(y[i].qs + 32 * k));
+
+			_mm256_storeu_si256((void *)(y32 + Q6_K_Y32 * i + 16 * k),
+					    _mm256_maddubs_epi16(m32, yk));
+		}
 }
 
 /*
