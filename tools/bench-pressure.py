@@ -125,6 +125,8 @@ def run(model, kind):
     args = {"stream": ["--resident", "0"], "stream-hog": ["--resident", "0"], "on": [],
             "off": ["--no-pressure"], "plain": []}[kind]
     log = open(os.path.join(tmp, f"stratad-{kind}.log"), "w")
+    # the engine's stderr to a file: a pipe nobody reads while it runs could fill
+    elog = open(os.path.join(tmp, f"strata-{kind}.err"), "w+")
     d = hogp = None
     samples = []
     try:
@@ -132,7 +134,7 @@ def run(model, kind):
         e = subprocess.Popen([STRATA, "bench", "-m", model, "--pager", sock, "-p", "0", "-n",
                               str(a.tokens), "--no-hw", "--json", "--trace", trace],
                              preexec_fn=into_cgroup, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=elog, text=True)
         hog_t = None
         while e.poll() is None:
             if kind in HOG_RUNS and hogp is None and len(trace_of(trace)) >= 3:
@@ -144,7 +146,9 @@ def run(model, kind):
             samples.append((time.time(), int(cgread("memory.usage_in_bytes")),
                             st["models"][0]["resident_layers_planned"] if st else None))
             time.sleep(0.1)  # sampling every 100 ms while the engine runs
-        out, err = e.communicate()
+        out, _ = e.communicate()
+        elog.seek(0)
+        err = elog.read()
         st = status(sock)
         text = subprocess.run([CTL, "--socket", sock, "status"], capture_output=True,
                               text=True).stdout
@@ -159,6 +163,7 @@ def run(model, kind):
             d.send_signal(signal.SIGTERM)
             d.wait(30)
         log.close()
+        elog.close()
         peak = int(cgread("memory.max_usage_in_bytes"))
         ooms = int(next(l.split()[1] for l in cgread("memory.oom_control").splitlines()
                         if l.startswith("oom_kill ")))
