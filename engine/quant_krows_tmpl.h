@@ -221,6 +221,10 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i m
 
 	for (unsigned t = 0; t < tn; t++)
 		sumi[t] = _mm256_setzero_si256();
+	/* unrolled, so that each j's pshufb mask is a constant (gcc left the
+	 * loop rolled, the mask made in general registers and moved in, two
+	 * vector instructions more a j; one core, 8 and 64 tokens: 1.07x) */
+#pragma GCC unroll 4
 	for (int j = 0; j < ENG_QK_K / 64; j++) {
 		/* [s_2j, s_2j+1] in every dword: the shared madd's scales */
 		const __m256i sp = k_scale_pair(scales, j);
@@ -410,6 +414,9 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
 		for (unsigned t = 0; t < tn; t++)
 			sumi[t] = _mm256_setzero_si256();
+		/* both loops unrolled: their masks and shifts constants (as
+		 * q4_k_block_tn's; 1.10x on one core) */
+#pragma GCC unroll 2
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xee)
 					      : _mm256_permute4x64_epi64(sc16, 0x44);
@@ -429,6 +436,7 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 			 * a madd (k4_pair_a): dword k of the scales is
 			 * [sc_4c, sc_4c+2] in the low half, [sc_4c+1, sc_4c+3]
 			 * in the high one (of sch's eight) */
+#pragma GCC unroll 2
 			for (int c = 0; c < 2; c++) {
 				const __m256i sp = _mm256_shuffle_epi8(sch, _mm256_set_m128i(
 					_mm_set1_epi32(0x07060302 + 0x08080808 * c),
