@@ -10,9 +10,9 @@ cache:
 
   strata ISA   `STRATA_ISA=ISA strata bench -m M -p PROMPT -n TOKENS` for each
                ISA asked for: the prompt's and decode's tok/s;
-  pass         `STRATA_ISA=ISA strata bench -m M -p BATCH -n 0`: one pass over
-               BATCH positions, its time set against a one-token decode pass
-               of the run above (the cost of verifying BATCH drafts at once;
+  pass         `STRATA_ISA=ISA strata bench -m M -p BATCH -n TOKENS`: one pass
+               over BATCH positions, its time set against a decode token of
+               the same run (the cost of verifying BATCH drafts at once;
                --batch 0 leaves it out, and --prompt 0 the prompt: e.g. decode
                alone, --prompt 0 --batch 0 --tokens 32; prompts alone,
                --tokens 0 --batch 0);
@@ -90,9 +90,12 @@ for rep in range(a.reps):
             r["decode"].append(j["decode_tps"] if a.tokens else None)
             line = speeds(j.get("prompt_tps"), j.get("decode_tps"))
             if a.batch:
-                b = strata(m, isa, a.batch, 0)
-                # seconds of one BATCH-position pass over seconds of one token
-                r["pass"].append(a.batch / b["prompt_tps"] * j["decode_tps"])
+                b = strata(m, isa, a.batch, a.tokens)
+                # seconds of one BATCH-position pass over seconds of one
+                # token, both from one process: a host's memory can change
+                # speed between two runs (docs/benchmarks.md, issue 17,
+                # session 45)
+                r["pass"].append(a.batch / b["prompt_tps"] * b["decode_tps"])
                 line += f", {a.batch} positions {r['pass'][-1]:.2f}x a token"
             print(f"rep {rep + 1} {name} strata {isa}: {line}", file=sys.stderr)
         for lname, spec in llamas.items():
