@@ -76,8 +76,7 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, const str
 		k4_scales_mins(five ? x5[i].scales : x4[i].scales, &sc, &mn);
 		const __m256i scales = k_scales(sc);
 		const __m128i q8s = S ? _mm_loadu_si128((const void *)S[i].q8s) : k_q8_sums_of(&y[i]);
-		const __m128i prod = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)),
-						    q8s);
+		const __m128i prod = _mm_madd_epi16(k_mins(mn), q8s);
 
 		if (five) {
 			summs = fmaf(-_mm_cvtss_f32(_mm_movehdup_ps(dm)), (float)hsum_i32x4(prod),
@@ -276,7 +275,8 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 		k4_scales_mins(x[i].scales, &sc, &mn);
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-		KR_NAME(q4_k_block_tn)(&x[i], k_scales(sc), k_mins(mn), ys, i, &T[i], tn, acc, acc_m);
+		KR_NAME(q4_k_block_tn)(&x[i], k_scales(sc),
+				       _mm256_broadcastsi128_si256(k_mins(mn)), ys, i, &T[i], tn, acc, acc_m);
 	}
 	for (unsigned t = 0; t < tn; t++) {
 		/* token t's four mins lanes: half t % 2 of acc_m[t / 2] */
@@ -545,7 +545,7 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 
 		k4_scales_mins(x[i].scales, &sc, &mn);
 		const __m256i scales = k_scales(sc);
-		const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
+		const __m128i mn16 = k_mins(mn);
 		const __m256i hbits = _mm256_loadu_si256((const void *)x[i].qh);
 		const float xd = fp16(x[i].d), xdmin = fp16(x[i].dmin);
 		__m256i sumi[KR_TOKENS];

@@ -132,10 +132,10 @@ static inline __attribute__((always_inline)) __m256i k_scale_pair(__m256i scales
 				   _mm256_set1_epi32((int)(0xff00ff00u | (2u * j + 1) << 16 | 2u * j)));
 }
 
-/* The mins as int16s, [mn0..mn7] in both 128-bit halves. */
-static inline __m256i k_mins(uint64_t mn)
+/* The mins as int16s, [mn0..mn7]. */
+static inline __m128i k_mins(uint64_t mn)
 {
-	return _mm256_cvtepu8_epi16(_mm_set1_epi64x((long long)mn));
+	return _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn));
 }
 
 /*
