@@ -186,9 +186,9 @@ typedef void (*eng_vec_dot_fn)(size_t n, float *out, const void *w, const void *
  * nrows (1 or more) rows at w, w + stride, ... by 1 to ENG_DOT16_NT tokens,
  * each result bit-identical to vec_dot.  Where a set has one, matmul.c hands
  * it a thread's whole chunk of rows in one call and uses neither vec_dot8
- * nor vec_dot16 for the type, so a kernel that lays out the activations for
- * itself (avx512's prompt kernels) does it once for the chunk, not once per
- * 16 rows.
+ * nor vec_dot16 for the type, so work that depends on the tokens alone (the
+ * layout avx512's prompt kernels give the activations, the K-quant eight-row
+ * kernels' table) is done once for the chunk, not once per 8 or 16 rows.
  */
 #define ENG_DOT8_NT 8
 #define ENG_DOT16_NT 64

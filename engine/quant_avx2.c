@@ -838,9 +838,11 @@ BASELINE static void avx2_init(void)
 	avx2.pack8[ENG_TYPE_Q8_0] = pack8_q8_0;
 	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_avx2;
 	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
+	avx2.vec_dotn[ENG_TYPE_Q4_K] = vec_dotn_q4_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q4_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k_avx2;
 	avx2.vec_dot8[ENG_TYPE_Q5_K] = vec_dot8_q5_k_q8_k_avx2;
+	avx2.vec_dotn[ENG_TYPE_Q5_K] = vec_dotn_q5_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q5_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_avx2;
 	avx2.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_avx2;

@@ -591,18 +591,25 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		out[t * out_stride] = hsum_f32x8(acc[t]) + summs[t];
 }
 
-/* Q4_K's or Q5_K's vec_dot8: decoding, row by row through the one-row
- * kernel with the activation's k_q8_sums worked out once for the eight
- * rows; rows longer than the table, row by row as vec_dot does them; else
- * eight tokens at a time through the table and the row kernels above. */
+/*
+ * Q4_K's or Q5_K's nrows rows by nt tokens (up to ENG_DOT16_NT): decoding,
+ * row by row through the one-row kernel with the activation's k_q8_sums
+ * worked out once for all the rows; rows longer than the table, row by row
+ * as vec_dot does them; else eight tokens at a time, each eight's table
+ * made once for all the rows and then the row kernels above.  As vec_dotn
+ * it takes a thread's whole chunk of rows (matmul.c), so what depends on
+ * the tokens alone is worked out once a chunk (at least 64 rows), not once
+ * for every eight rows as vec_dot8: one core, AVX2, Q4_K by 8 and 64
+ * tokens, 1.04-1.08x (docs/benchmarks.md, issue 17, session 46).
+ */
 KR_ATTR static inline __attribute__((always_inline)) void
-KR_NAME(dot8_q45_k)(size_t n, unsigned nt, float *out, size_t out_stride, const void *w,
-		    size_t stride, const void *a, size_t a_stride, const bool five)
+KR_NAME(dotn_q45_k)(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
+		    const void *w, size_t stride, const void *a, size_t a_stride, const bool five)
 {
 	const size_t nb = n / ENG_QK_K;
 
 	if (nb > KR_TABLE_BLOCKS) {
-		for (int r = 0; r < 8; r++)
+		for (unsigned r = 0; r < nrows; r++)
 			for (unsigned t = 0; t < nt; t++)
 				KR_NAME(dot_q45_k)(n, out + t * out_stride + r,
 						   (const uint8_t *)w + (size_t)r * stride,
@@ -613,7 +620,7 @@ KR_NAME(dot8_q45_k)(size_t n, unsigned nt, float *out, size_t out_stride, const 
 		struct k_q8_sums S[KR_TABLE_BLOCKS];
 
 		k_q8_sums_make(S, a, nb);
-		for (int r = 0; r < 8; r++)
+		for (unsigned r = 0; r < nrows; r++)
 			KR_NAME(dot_q45_k)(n, out + r, (const uint8_t *)w + (size_t)r * stride, a, S,
 					   five);
 		return;
@@ -624,7 +631,7 @@ KR_NAME(dot8_q45_k)(size_t n, unsigned nt, float *out, size_t out_stride, const 
 		struct kr_q4_k_tab T[KR_TABLE_BLOCKS];
 
 		KR_NAME(kr_q4_k_table)(T, y, a_stride, tn, nb);
-		for (int r = 0; r < 8; r++) {
+		for (unsigned r = 0; r < nrows; r++) {
 			const void *x = (const uint8_t *)w + (size_t)r * stride;
 			float *o = out + t0 * out_stride + r;
 
@@ -645,14 +652,28 @@ KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *ou
 						 size_t out_stride, const void *w, size_t stride,
 						 const void *a, size_t a_stride)
 {
-	KR_NAME(dot8_q45_k)(n, nt, out, out_stride, w, stride, a, a_stride, false);
+	KR_NAME(dotn_q45_k)(n, 8, nt, out, out_stride, w, stride, a, a_stride, false);
 }
 
 KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *out,
 						 size_t out_stride, const void *w, size_t stride,
 						 const void *a, size_t a_stride)
 {
-	KR_NAME(dot8_q45_k)(n, nt, out, out_stride, w, stride, a, a_stride, true);
+	KR_NAME(dotn_q45_k)(n, 8, nt, out, out_stride, w, stride, a, a_stride, true);
+}
+
+KR_ATTR static void KR_NAME(vec_dotn_q4_k_q8_k)(size_t n, unsigned nrows, unsigned nt, float *out,
+						 size_t out_stride, const void *w, size_t stride,
+						 const void *a, size_t a_stride)
+{
+	KR_NAME(dotn_q45_k)(n, nrows, nt, out, out_stride, w, stride, a, a_stride, false);
+}
+
+KR_ATTR static void KR_NAME(vec_dotn_q5_k_q8_k)(size_t n, unsigned nrows, unsigned nt, float *out,
+						 size_t out_stride, const void *w, size_t stride,
+						 const void *a, size_t a_stride)
+{
+	KR_NAME(dotn_q45_k)(n, nrows, nt, out, out_stride, w, stride, a, a_stride, true);
 }
 
 #undef KR_ATTR
