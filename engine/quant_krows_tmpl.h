@@ -600,7 +600,7 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
  * it takes a thread's whole chunk of rows (matmul.c), so what depends on
  * the tokens alone is worked out once a chunk (at least 64 rows), not once
  * for every eight rows as vec_dot8: one core, AVX2, Q4_K by 8 and 64
- * tokens, 1.04-1.08x (docs/benchmarks.md, issue 17, session 46).
+ * tokens, 1.04-1.05x (docs/benchmarks.md, issue 17, session 46).
  */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(dotn_q45_k)(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
