@@ -761,14 +761,14 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
 }
 
 /*
- * Q8_K activations for the K-quants' vec_dot8 (quant_krows_tmpl.h), once per
+ * Q8_K activations for the K-quants' multi-row kernels (quant_krows_tmpl.h), once per
  * row and matmul: the Q8_K row as it is (the one-token kernels read that),
  * then each block's 256 quants plus 128 (unsigned, for Q6_K's vec_dot8: the
  * flip was two maddubs a token and 32 elements, done again for every row),
  * then each block's y.d, so that Q6_K reads 260 bytes a block and token,
  * then each block's quants for Q4_K: 808 bytes a block in all.  Both sets
  * of quants go in pairs of 32 for the shared madd (k4_pair_a, k4_pair_b).
- * Q5_K's vec_dot8 reads only the Q8_K rows at the start, but takes the same
+ * Q5_K's vec_dotn reads only the Q8_K rows at the start, but takes the same
  * pack8, so that a matmul may group it with Q6_K (Q5_K_M mixes them).
  */
 _Static_assert(PACK8_Q8_K_BLOCK <= ENG_PACK8_BYTES(ENG_QK_K), "q8_k pack8 size");
@@ -837,11 +837,9 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dot8[ENG_TYPE_Q8_0] = vec_dot8_q8_0_q8_0;
 	avx2.pack8[ENG_TYPE_Q8_0] = pack8_q8_0;
 	avx2.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_avx2;
-	avx2.vec_dot8[ENG_TYPE_Q4_K] = vec_dot8_q4_k_q8_k_avx2;
 	avx2.vec_dotn[ENG_TYPE_Q4_K] = vec_dotn_q4_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q4_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k_avx2;
-	avx2.vec_dot8[ENG_TYPE_Q5_K] = vec_dot8_q5_k_q8_k_avx2;
 	avx2.vec_dotn[ENG_TYPE_Q5_K] = vec_dotn_q5_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q5_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_avx2;

@@ -1,14 +1,15 @@
 /*
- * quant_krows_tmpl.h - the K-quant eight-row kernels (vec_dot8) that share
- * each weight block between the tokens of a prompt, written once for the
- * AVX2 set and the AVX-512 VNNI one.  Included by quant_avx2.c and
+ * quant_krows_tmpl.h - the K-quant multi-row kernels (Q4_K's and Q5_K's
+ * vec_dotn, Q6_K's vec_dot8) that share each weight block between the
+ * tokens of a prompt, written once for the AVX2 set and the AVX-512 VNNI
+ * one.  Included by quant_avx2.c and
  * quant_avx512.c after defining:
  *   KR_ATTR              the functions' target attribute (empty: the file's)
  *   KR_NAME(f)           the set's name for f
  *   KR_DPWSSD(acc, a, b) acc + madd(a, b): an int32 accumulation, which
  *                        VNNI does in one instruction (integers: exact in
  *                        any order, so both sets give the same lanes)
- * and defines, besides the vec_dot8s, the one-row Q4_K and Q5_K kernel
+ * and defines, besides those, the one-row Q4_K and Q5_K kernel
  * (KR_NAME(dot_q45_k); KR_NAME(vec_dot_q4_k_q8_k) and
  * KR_NAME(vec_dot_q5_k_q8_k) are its vec_dots) and the one-row Q6_K one
  * (KR_NAME(vec_dot_q6_k_q8_k)).
@@ -24,7 +25,7 @@
  * lanes either way).  This is every x86 set's one-row Q4_K and Q5_K kernel
  * (avx512 decodes Q4_K with its own 512-bit one, the same bits): vec_dot
  * (S NULL) works the activation's k_q8_sums out for each block, a decoding
- * vec_dot8 once for its eight rows (S).  The scales and mins are unpacked
+ * vec_dotn once for all its rows (S).  The scales and mins are unpacked
  * in general registers (k4_scales_mins: the vector pipes are this kernel's
  * limit), each scale put in every int16 lane by one pshufb (k_scale).
  * Session 29 had broadcast it by loads from a table stored on the stack,
@@ -129,7 +130,7 @@ KR_ATTR static inline void KR_NAME(vec_dot_q4_k_q8_k)(size_t n, float *out, cons
 }
 
 /*
- * Q4_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
+ * Q4_K, a row by up to eight tokens (for vec_dotn), each row and
  * token bit-identical to vec_dot_q4_k_q8_k: the same int32 lanes (integer
  * sums: exact in any order) and the same float steps in the same order,
  * one block after the other.  A prompt's tokens share each weight block:
@@ -514,14 +515,14 @@ KR_ATTR static void KR_NAME(vec_dot8_q6_k_q8_k)(size_t n, unsigned nt, float *ou
 }
 
 /*
- * Q5_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
+ * Q5_K, a row by up to eight tokens (for vec_dotn), each row and
  * token bit-identical to the set's one-row kernel (dot_q45_k: ggml's
  * lanes, and the mins summed to one integer a block, dmin times that
  * added to a scalar).  It reads the Q8_K rows themselves, at the start of
  * what matmul passes (pack8_q8_k copies them there; a set without a pack8
  * for Q5_K passes them as they are), so each block's 5-bit quants and
  * scales are made once for up to eight tokens, and the tokens' y.d and
- * paired bsums once a call for all eight rows (kr_q4_k_table, as for Q4_K);
+ * paired bsums once for all the rows (kr_q4_k_table, as for Q4_K);
  * per token and 64 elements that leaves two loads, two maddubs, two madds
  * and two adds, and per token and block the mins' integer sum and two
  * scalar steps.
@@ -599,8 +600,8 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
  * made once for all the rows and then the row kernels above.  As vec_dotn
  * it takes a thread's whole chunk of rows (matmul.c), so what depends on
  * the tokens alone is worked out once a chunk (at least 64 rows), not once
- * for every eight rows as vec_dot8: one core, AVX2, Q4_K by 8 and 64
- * tokens, 1.04-1.05x (docs/benchmarks.md, issue 17, session 46).
+ * for every eight rows as their vec_dot8 did: one core, AVX2, Q4_K by 8
+ * and 64 tokens, 1.04-1.05x (docs/benchmarks.md, issue 17, session 46).
  */
 KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(dotn_q45_k)(size_t n, unsigned nrows, unsigned nt, float *out, size_t out_stride,
@@ -646,20 +647,6 @@ KR_NAME(dotn_q45_k)(size_t n, unsigned nrows, unsigned nt, float *out, size_t ou
 			}
 		}
 	}
-}
-
-KR_ATTR static void KR_NAME(vec_dot8_q4_k_q8_k)(size_t n, unsigned nt, float *out,
-						 size_t out_stride, const void *w, size_t stride,
-						 const void *a, size_t a_stride)
-{
-	KR_NAME(dotn_q45_k)(n, 8, nt, out, out_stride, w, stride, a, a_stride, false);
-}
-
-KR_ATTR static void KR_NAME(vec_dot8_q5_k_q8_k)(size_t n, unsigned nt, float *out,
-						 size_t out_stride, const void *w, size_t stride,
-						 const void *a, size_t a_stride)
-{
-	KR_NAME(dotn_q45_k)(n, 8, nt, out, out_stride, w, stride, a, a_stride, true);
 }
 
 KR_ATTR static void KR_NAME(vec_dotn_q4_k_q8_k)(size_t n, unsigned nrows, unsigned nt, float *out,
