@@ -522,19 +522,15 @@ VBMI static inline float q4_k_finish(__m256 acc, __m128 acc_m)
 }
 
 /*
- * The eight rows one after the other, each read front to back: two rows
- * read side by side (sharing the activation's bsums) were a little faster
- * from cache and less than half as fast from memory, where the hardware
- * prefetcher follows one linear stream per core well and two interleaved
- * ones 2.3 KB apart poorly (7 GB/s a core instead of 22, measured).
- */
-static void vec_dot8_q4_k_q8_k_vnni(size_t n, unsigned nt, float *out, size_t out_stride,
-				    const void *w, size_t stride, const void *a, size_t a_stride);
-
-/* vec_dotn: decoding (one token), the rows one after the other, each read
+ * vec_dotn: decoding (one token), the rows one after the other, each read
  * front to back (a row longer than Z_SPAN blocks a span at a time, Z_ROWS
- * rows a span); two tokens or more, avx512_prompt_q4_k, which shares each
- * block between them, bit-identical to this one. */
+ * rows a span): two rows read side by side (sharing the activation's
+ * bsums) were a little faster from cache and less than half as fast from
+ * memory, where the hardware prefetcher follows one linear stream per core
+ * well and two interleaved ones 2.3 KB apart poorly (7 GB/s a core instead
+ * of 22, measured).  Two tokens or more: avx512_prompt_q4_k, which shares
+ * each block between them, bit-identical to this one.
+ */
 VBMI static void vec_dotn_q4_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
 					  size_t out_stride, const void *w, size_t stride,
 					  const void *a, size_t a_stride)

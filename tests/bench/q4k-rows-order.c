@@ -32,7 +32,7 @@
  *
  * `steps` times each order's inner step alone, from registers and 64 bytes
  * of L1, as the core runs it when nothing else is in the way: the file
- * order's per 8 tokens and 64 elements (the loop of vec_dot8_q4_k_q8_k_avx2
+ * order's per 8 tokens and 64 elements (the loop of q4_k_block_tn
  * in quant_krows_tmpl.h) and this order's per token and 256 products.
  *
  * Run it beside `strata-kbench --isa avx2 --type Q4_K --tokens TOKENS --cols COLS
