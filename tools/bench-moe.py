@@ -74,6 +74,8 @@ from the drop to its end, and lets it go between runs, so that other
 sessions measure in between: run the script itself WITHOUT an outer
 `flock /tmp/strata-bench.lock` (it would wait for itself; it exits saying
 so).  Prints a markdown table of medians (decode tok/s), per-run values,
+strata against llama.cpp (each repetition's run over the fastest llama.cpp
+build's in the same repetition: the median of those ratios, and each),
 peak cgroup usage, failcnt and OOM kills, and the guest's free page reporting
 (virtio-balloon): on a guest that hands free memory back to its host, the
 memory the expert cache grows into costs a host fault a page, several times
@@ -312,6 +314,16 @@ print(f"Memory cgroup limit {limit >> 20} MiB (v1); stratad without --budget ins
       f"{a.tokens} decoded tokens per run after one warm-up token, {a.threads} threads; "
       f"{a.reps} interleaved repetitions, medians.\n")
 llamas = [who for who, _ in engines if who.startswith("llama")]
+
+
+def vs_llama(m, who):
+    """strata WHO's decode of M over the fastest llama.cpp build's in the same
+    repetition (the runs side by side), the median of those ratios and each."""
+    best = [max(res[m][w][i]["tps"] for w in llamas) for i in range(a.reps)]
+    r = [s["tps"] / b if b else 0.0 for s, b in zip(res[m][who], best)]
+    return f"{statistics.median(r):.2f} ({runs([{'r': x} for x in r], 'r')})"
+
+
 # without --llama, no llama.cpp columns (nor an empty ratio to it)
 cols = ["model", "strata tok/s (runs)"] + [f"{w} tok/s (runs)" for w in llamas] + \
     (["strata / llama.cpp"] if llamas else []) + \
@@ -329,7 +341,7 @@ for m in a.model:
         peak += " / " + "/".join(str(max(x['peak'] for x in res[m][w]) >> 20) for w in llamas)
     row = [os.path.basename(m), f"{ms:.2f} ({runs(s)})"] + \
         [f"{v:.2f} ({runs(res[m][w])})" for v, w in zip(ml, llamas)] + \
-        ([f"{ms / max(ml):.2f}" if max(ml) else "0.00"] if llamas else []) + \
+        ([vs_llama(m, "strata")] if llamas else []) + \
         [f"{med(s, 'hit'):.3f}", f"{med(s, 'mib_tok'):.0f}", f"{med(s, 'compute') * 1e3:.0f}",
          f"{med(s, 'gbps'):.2f}", f"{med(s, 'bound'):.2f}", f"{med(s, 'frac'):.2f}",
          f"{med(s, 'tok_bound'):.2f}", f"{med(s, 'tok_frac'):.2f} ({runs(s, 'tok_frac')})", peak,
@@ -355,7 +367,6 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
     print("\n| " + " | ".join(var_cols) + " |")
     print("|" + "---|" * len(var_cols))
     for m in a.model:
-        best_llama = max((med(res[m][w], "tps") for w in llamas), default=0)
         for who in (w for w, _ in engines if w.startswith("strata")):
             s = res[m][who]
             print(f"| {os.path.basename(m)} | {who}"
@@ -368,5 +379,4 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
                   f"{med(s, 'cpu_engine') * 1e3:.0f} + {med(s, 'cpu_daemon') * 1e3:.1f} | "
                   f"{med(s, 'frac'):.2f} ({runs(s, 'frac')}) | {med(s, 'ready'):.1f} | "
                   f"{max(x['peak'] for x in s) >> 20} |" +
-                  (f" {med(s, 'tps') / best_llama:.2f} |" if best_llama else
-                   " - |" if llamas else ""))
+                  (f" {vs_llama(m, who)} |" if llamas else ""))
