@@ -6,7 +6,7 @@ plain mmap, inside one memory cgroup (issue 22).
                      --llama NAME=PATH[:LIBDIR] [--llama NAME2=PATH2 ...]
                      [--compute-model C.gguf] [--limit 8G] [--reps 3]
                      [--tokens 16] [--threads 2] [--lookahead-too] [--populate-too]
-                     [--strata-build NAME=BUILD_DIR ...]
+                     [--resident-too] [--strata-build NAME=BUILD_DIR ...]
 
 The device is emulated by a memory cgroup (v1) of --limit bytes.  Per
 repetition, interleaved (each model: strata, the other builds and settings
@@ -46,6 +46,13 @@ order, so that none runs first in every round):
             (the expert cache's pages made before the daemon serves; the
             seconds from its start until the cores were loaded, the making
             included, are printed per run).
+  resident  with --resident-too, the same model with every weight in
+            memory: `strata bench -m M -p 0 -n TOKENS --random-tokens` on a
+            plain mmap, outside the cgroup, the file read into the page
+            cache first (so the machine must hold it: Qwen3-30B-A3B's 17 GiB
+            fit in 24).  Each strata run is then also set against it, in
+            its own repetition: what the pager and the limit cost, against
+            the same model's own compute rather than the compute model's.
   strata NAME  with --strata-build NAME=BUILD_DIR, the same with the strata,
             stratad and stratactl of another build (e.g. of the commit
             before a change), interleaved too.
@@ -75,7 +82,8 @@ sessions measure in between: run the script itself WITHOUT an outer
 `flock /tmp/strata-bench.lock` (it would wait for itself; it exits saying
 so).  Prints a markdown table of medians (decode tok/s), per-run values,
 strata against llama.cpp (each repetition's run over the fastest llama.cpp
-build's in the same repetition: the median of those ratios, and each),
+build's in the same repetition: the median of those ratios, and each;
+with --resident-too, likewise against the resident run),
 peak cgroup usage, failcnt and OOM kills, and the guest's free page reporting
 (virtio-balloon): on a guest that hands free memory back to its host, the
 memory the expert cache grows into costs a host fault a page, several times
@@ -86,7 +94,7 @@ import argparse, bisect, functools, json, os, statistics, subprocess, sys, tempf
     time
 
 from benchlib import STRATA, Cgroup, bench_lock, bench_paged, context, cores_loaded, \
-    drop_caches, llama_bench, llama_spec, program, size
+    drop_caches, llama_bench, llama_spec, program, size, warm
 
 
 ap = argparse.ArgumentParser()
@@ -99,6 +107,7 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--compute-model", default="")
 ap.add_argument("--lookahead-too", action="store_true")
 ap.add_argument("--populate-too", action="store_true")
+ap.add_argument("--resident-too", action="store_true")
 ap.add_argument("--strata-build", action="append", default=[], help="NAME=BUILD_DIR")
 a = ap.parse_args()
 
@@ -122,6 +131,16 @@ def resident_compute(model):
 
 
 compute_s = 0  # this repetition's, with --compute-model
+
+
+def run_resident(model, cg):
+    """The model decoded on a plain mmap with every weight in memory, outside
+    the cgroup (cg unused)."""
+    warm(model)
+    r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens), "-c",
+                        str(context(a.tokens)), "-b", "32", "-t", str(a.threads), "--no-hw",
+                        "--json", *tokens_arg(None)], capture_output=True, text=True, check=True)
+    return {"tps": json.loads(r.stdout)["decode_tps"]}
 
 
 @functools.cache  # once a build
@@ -245,7 +264,8 @@ engines = [("strata", run_strata)] + ([("strata lookahead", lambda m, cg: run_st
     run_strata(m, cg, ["--populate"]))] if a.populate_too else []) + [
     ("strata " + n, (lambda b: lambda m, cg: run_strata(m, cg, build=b))(d))
     for n, _, d in (x.partition("=") for x in a.strata_build)] + [
-    ("llama.cpp " + n, run_llama(p, lib)) for n, p, lib in map(llama_spec, a.llama)]
+    ("llama.cpp " + n, run_llama(p, lib)) for n, p, lib in map(llama_spec, a.llama)] + (
+    [("resident", run_resident)] if a.resident_too else [])
 
 
 def page_reporting():
@@ -298,7 +318,8 @@ for rep in range(a.reps):
                    f"{r['cpu_engine'] * 1e3:.0f} ms, daemon {r['cpu_daemon'] * 1e3:.1f} ms, "
                    f"the daemon ready in {r['ready']:.1f} s"
                    if who.startswith("strata") else "") +
-                  f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" +
+                  (f", peak {r['peak'] >> 20} MiB, oom kills {r['oom']}" if who != "resident" else
+                   ", outside the cgroup") +
                   (f" FAILED {r['failed']}" if "failed" in r else ""), file=sys.stderr)
 
 
@@ -316,10 +337,10 @@ print(f"Memory cgroup limit {limit >> 20} MiB (v1); stratad without --budget ins
 llamas = [who for who, _ in engines if who.startswith("llama")]
 
 
-def vs_llama(m, who):
-    """strata WHO's decode of M over the fastest llama.cpp build's in the same
+def vs(m, who, refs):
+    """strata WHO's decode of M over the fastest of the runs REFS in the same
     repetition (the runs side by side), the median of those ratios and each."""
-    best = [max(res[m][w][i]["tps"] for w in llamas) for i in range(a.reps)]
+    best = [max(res[m][w][i]["tps"] for w in refs) for i in range(a.reps)]
     r = [s["tps"] / b if b else 0.0 for s, b in zip(res[m][who], best)]
     return f"{statistics.median(r):.2f} ({runs([{'r': x} for x in r], 'r')})"
 
@@ -341,7 +362,7 @@ for m in a.model:
         peak += " / " + "/".join(str(max(x['peak'] for x in res[m][w]) >> 20) for w in llamas)
     row = [os.path.basename(m), f"{ms:.2f} ({runs(s)})"] + \
         [f"{v:.2f} ({runs(res[m][w])})" for v, w in zip(ml, llamas)] + \
-        ([vs_llama(m, "strata")] if llamas else []) + \
+        ([vs(m, "strata", llamas)] if llamas else []) + \
         [f"{med(s, 'hit'):.3f}", f"{med(s, 'mib_tok'):.0f}", f"{med(s, 'compute') * 1e3:.0f}",
          f"{med(s, 'gbps'):.2f}", f"{med(s, 'bound'):.2f}", f"{med(s, 'frac'):.2f}",
          f"{med(s, 'tok_bound'):.2f}", f"{med(s, 'tok_frac'):.2f} ({runs(s, 'tok_frac')})", peak,
@@ -358,12 +379,14 @@ order, kib = page_reporting()
 print("Free page reporting: " + ("none" if order is None else
       f"order {order} ({'off' if order > 10 else 'on'}), {(kib - reporting[1]) >> 10} MiB "
       "handed back to the host during the runs"))
-if len([w for w, _ in engines if w.startswith("strata")]) > 1:
+# each strata variant's row, and its ratio to the same model resident
+if len([w for w, _ in engines if w.startswith("strata")]) > 1 or a.resident_too:
     var_cols = ["model", "strata", "tok/s (runs)", "expert hit rate", "expert MiB read / token",
             "lookahead accuracy", "read ahead / token (share routed to)",
             "routed in flight / token", "fault wait ms / token",
             "the engine's compute under the pager, ms / token", "CPU ms / token, engine + daemon",
-            "strata / bound", "daemon ready s", "peak MiB"] + (["/ llama.cpp"] if llamas else [])
+            "strata / bound", "daemon ready s", "peak MiB"] + (["/ llama.cpp"] if llamas else []) + \
+            (["/ resident"] if a.resident_too else [])
     print("\n| " + " | ".join(var_cols) + " |")
     print("|" + "---|" * len(var_cols))
     for m in a.model:
@@ -379,4 +402,5 @@ if len([w for w, _ in engines if w.startswith("strata")]) > 1:
                   f"{med(s, 'cpu_engine') * 1e3:.0f} + {med(s, 'cpu_daemon') * 1e3:.1f} | "
                   f"{med(s, 'frac'):.2f} ({runs(s, 'frac')}) | {med(s, 'ready'):.1f} | "
                   f"{max(x['peak'] for x in s) >> 20} |" +
-                  (f" {vs_llama(m, who)} |" if llamas else ""))
+                  (f" {vs(m, who, llamas)} |" if llamas else "") +
+                  (f" {vs(m, who, ['resident'])} |" if a.resident_too else ""))
