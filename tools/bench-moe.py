@@ -114,20 +114,21 @@ a = ap.parse_args()
 limit = size(a.limit)
 
 
+def decode_resident(model, extra=()):
+    """strata's decode tok/s of model on a plain mmap (of what the page cache
+    holds of it), outside any cgroup."""
+    r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens), "-c",
+                        str(context(a.tokens)), "-b", "32", "-t", str(a.threads), "--no-hw",
+                        "--json", *extra], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)["decode_tps"]
+
+
 def resident_compute(model):
     """Seconds a token with every weight of model in memory (one measurement:
     the file read and two runs under one hold of the lock)."""
-    tps = []
     with bench_lock():
-        with open(model, "rb") as f:
-            while f.read(16 << 20):
-                pass
-        for _ in range(2):
-            r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens),
-                                "-c", str(context(a.tokens)), "-b", "32", "-t", str(a.threads),
-                                "--no-hw", "--json"], capture_output=True, text=True, check=True)
-            tps.append(json.loads(r.stdout)["decode_tps"])
-    return 1 / max(tps)
+        warm(model)
+        return 1 / max(decode_resident(model) for _ in range(2))
 
 
 compute_s = 0  # this repetition's, with --compute-model
@@ -137,10 +138,7 @@ def run_resident(model, cg):
     """The model decoded on a plain mmap with every weight in memory, outside
     the cgroup (cg unused)."""
     warm(model)
-    r = subprocess.run([STRATA, "bench", "-m", model, "-p", "0", "-n", str(a.tokens), "-c",
-                        str(context(a.tokens)), "-b", "32", "-t", str(a.threads), "--no-hw",
-                        "--json", *tokens_arg(None)], capture_output=True, text=True, check=True)
-    return {"tps": json.loads(r.stdout)["decode_tps"]}
+    return {"tps": decode_resident(model, tokens_arg(None))}
 
 
 @functools.cache  # once a build
@@ -342,7 +340,7 @@ def vs(m, who, refs):
     repetition (the runs side by side), the median of those ratios and each."""
     best = [max(res[m][w][i]["tps"] for w in refs) for i in range(a.reps)]
     r = [s["tps"] / b if b else 0.0 for s, b in zip(res[m][who], best)]
-    return f"{statistics.median(r):.2f} ({runs([{'r': x} for x in r], 'r')})"
+    return f"{statistics.median(r):.2f} ({', '.join(f'{x:.2f}' for x in r)})"
 
 
 # without --llama, no llama.cpp columns (nor an empty ratio to it)
