@@ -188,6 +188,11 @@ struct kr_q4_k_tab {
 KR_ATTR static void KR_NAME(kr_q4_k_table)(struct kr_q4_k_tab *T, const uint8_t *act,
 					   size_t a_stride, unsigned tn, size_t nb)
 {
+	/* fewer than eight tokens: q4_k_block_tn multiplies all eight y.d,
+	 * and the others' products are dropped */
+	if (tn < KR_TOKENS)
+		for (size_t i = 0; i < nb; i++)
+			memset(T[i].d, 0, sizeof(T[i].d));
 	/* an odd token count: the last pair's second half is read, then dropped */
 	if (tn % 2)
 		for (size_t i = 0; i < nb; i++) {
@@ -208,17 +213,23 @@ KR_ATTR static void KR_NAME(kr_q4_k_table)(struct kr_q4_k_tab *T, const uint8_t 
 /* Block i of row x by tn (1 to KR_TOKENS, a constant where inlined: the
  * token loops unroll and sumi stays in registers) tokens, whose k4_pair
  * quants (pack8_q8_k) are at ys[t] + ENG_QK_K * i; T: the block's
- * kr_q4_k_tab.  acc_m[u] holds the mins' four lanes of tokens 2u (low half)
- * and 2u + 1. */
+ * kr_q4_k_tab; scales and mn its scales and mins (k_scales, k4_scales_mins).
+ * acc_m[u] holds the mins' four lanes of tokens 2u (low half) and 2u + 1. */
 KR_ATTR static inline __attribute__((always_inline)) void
-KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i mins,
+KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, uint64_t mn,
 		       const int8_t *const *ys, size_t i, const struct kr_q4_k_tab *T,
 		       const unsigned tn, __m256 *acc, __m256 *acc_m)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	const __m256 xd = _mm256_set1_ps(fp16(x->d)), xdmin = _mm256_set1_ps(fp16(x->dmin));
 	__m256i sumi[KR_TOKENS];
+	/* y.d * d for the eight tokens in one multiply (the same products),
+	 * stored now and broadcast by loads after the products below: on the
+	 * Zen 5 a float multiply takes one of the two pipes that the maddubs
+	 * and madds keep busy, a broadcast load none.  (Stored right before
+	 * those loads it was slower, 0.97x: the loads wait on the store.) */
+	float dd[KR_TOKENS] __attribute__((aligned(32)));
 
+	_mm256_store_ps(dd, _mm256_mul_ps(_mm256_loadu_ps(T->d), _mm256_set1_ps(fp16(x->d))));
 	for (unsigned t = 0; t < tn; t++)
 		sumi[t] = _mm256_setzero_si256();
 	/* unrolled, so that each j's pshufb mask is a constant (gcc left the
@@ -243,6 +254,11 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i m
 			KR_KEEP(sumi[t]);
 		}
 	}
+	/* the mins and dmin made only now, not live through the products
+	 * (one core, 8 and 64 tokens: with dd above 1.04-1.05x; session 48) */
+	const __m256i mins = _mm256_broadcastsi128_si256(k_mins(mn));
+	const __m256 xdmin = _mm256_set1_ps(fp16(x->dmin));
+
 	/* dmin's sign by fnmadd: -(a*b) + c rounds as fma(-a, b, c) */
 	for (unsigned u = 0; u < (tn + 1) / 2; u++)
 		acc_m[u] = _mm256_fnmadd_ps(
@@ -251,8 +267,8 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, __m256i m
 				mins, _mm256_loadu_si256((const void *)T->q8s[2 * u]))),
 			acc_m[u]);
 	for (unsigned t = 0; t < tn; t++)
-		acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&T->d[t]), xd),
-					 _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+		acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dd[t]), _mm256_cvtepi32_ps(sumi[t]),
+					 acc[t]);
 }
 
 /* Row x (nb blocks) by tn tokens, into out (stride out_stride). */
@@ -276,8 +292,7 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 		k4_scales_mins(x[i].scales, &sc, &mn);
 		for (int l = 0; l < 3; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
-		KR_NAME(q4_k_block_tn)(&x[i], k_scales(sc),
-				       _mm256_broadcastsi128_si256(k_mins(mn)), ys, i, &T[i], tn, acc, acc_m);
+		KR_NAME(q4_k_block_tn)(&x[i], k_scales(sc), mn, ys, i, &T[i], tn, acc, acc_m);
 	}
 	for (unsigned t = 0; t < tn; t++) {
 		/* token t's four mins lanes: half t % 2 of acc_m[t / 2] */
@@ -408,13 +423,21 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 	}
 	for (size_t i = 0; i < nb; i++) {
 		const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales));
-		const float xd = fp16(x[i].d);
+		const __m256 xdv = _mm256_set1_ps(fp16(x[i].d));
 		__m256i sumi[KR_TOKENS], corr = _mm256_setzero_si256();
 
 		for (int l = 0; l < 4; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
 		for (unsigned t = 0; t < tn; t++)
 			sumi[t] = _mm256_setzero_si256();
+		/* The block's quants are made first, all four pairs of chunks
+		 * (stored: 256 bytes, read back from L1), then the tokens go
+		 * through them.  Made beside the token loop, they kept more
+		 * vectors live than AVX2 has sixteen registers for, and the
+		 * token sums spilled to the stack: one core, 8 and 64 tokens,
+		 * 1.04-1.06x (docs/benchmarks.md, issue 17, session 48). */
+		__m256i qab[ENG_QK_K / 32], spp[ENG_QK_K / 64];
+
 		/* both loops unrolled: their masks and shifts constants (as
 		 * q4_k_block_tn's; 1.10x on one core) */
 #pragma GCC unroll 2
@@ -458,21 +481,31 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 				 * (the bytes add up within -64..62) */
 				corr = KR_DPWSSD(corr, _mm256_maddubs_epi16(u128, _mm256_add_epi8(qa, qb)),
 						 sp);
-				for (unsigned t = 0; t < tn; t++) {
-					const uint8_t *yk = yu[t] + ENG_QK_K * i + 128 * h + 64 * c;
-					const __m256i p16 = _mm256_add_epi16(
-						_mm256_maddubs_epi16(
-							_mm256_loadu_si256((const void *)yk), qa),
-						_mm256_maddubs_epi16(
-							_mm256_loadu_si256((const void *)(yk + 32)), qb));
-
-					sumi[t] = KR_DPWSSD(sumi[t], p16, sp);
-					KR_KEEP(sumi[t]);
-				}
+				_mm256_store_si256(&qab[4 * h + 2 * c], qa);
+				_mm256_store_si256(&qab[4 * h + 2 * c + 1], qb);
+				_mm256_store_si256(&spp[2 * h + c], sp);
 			}
 		}
+		/* pair k of chunks (2k, 2k + 1): elements 64k .. 64k + 63 */
+#pragma GCC unroll 4
+		for (int k = 0; k < ENG_QK_K / 64; k++) {
+			const __m256i qa = _mm256_load_si256(&qab[2 * k]);
+			const __m256i qb = _mm256_load_si256(&qab[2 * k + 1]);
+			const __m256i sp = _mm256_load_si256(&spp[k]);
+
+			for (unsigned t = 0; t < tn; t++) {
+				const uint8_t *yk = yu[t] + ENG_QK_K * i + 64 * k;
+				const __m256i p16 = _mm256_add_epi16(
+					_mm256_maddubs_epi16(_mm256_loadu_si256((const void *)yk), qa),
+					_mm256_maddubs_epi16(_mm256_loadu_si256((const void *)(yk + 32)), qb));
+
+				sumi[t] = KR_DPWSSD(sumi[t], p16, sp);
+				KR_KEEP(sumi[t]);
+			}
+		}
+		/* y.d * d as before (the same product), its broadcast a load */
 		for (unsigned t = 0; t < tn; t++)
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(yd[t][i] * xd),
+			acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&yd[t][i]), xdv),
 						 _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], corr)),
 						 acc[t]);
 	}
