@@ -24,15 +24,22 @@
  * block, 8 int32 sums (lane k: elements 4k..4k+3 of every 32-element
  * sub-block, times its scale) and 4 for the mins, converted and added to
  * float accumulators in that order.  How the integers get there is free, so
- * a vector holds two tokens: the same 32 nibbles in both halves (one
- * broadcast load, an and, a shift, shared by all the tokens), the two
- * tokens' 32 activation bytes side by side, and one vpmaddubsw and one
- * vpdpwssd (with the sub-block's scale in every int16) leave both
- * tokens' 8 lanes in place, with nothing to fold at the end of a block.  On
- * cores with two 512-bit multipliers (Sapphire/Emerald Rapids: vpmaddubsw
- * on zmm at 2 a cycle, measured, as on ymm) that is half the instructions
- * of the 256-bit kernel per token; on Zen 4, which splits them, the same
- * work in fewer instructions.
+ * a vector holds two tokens: the same 32 bytes of nibbles in both halves
+ * (one broadcast load, shared by all the tokens), the two tokens' 32
+ * activation bytes side by side, and both tokens' 8 lanes end in place,
+ * with nothing to fold at the end of a block.  Two sub-blocks share one
+ * vpdpwssd as in the 256-bit kernels (k4_pair_a and k4_pair_b,
+ * quant_x86_i.h): the nibbles and the activations are paired by 16-bit
+ * words, so that two vpmaddubsw and a 16-bit add leave sub-block 2j's
+ * four-product sums in the even words and 2j + 1's in the odd ones, and
+ * one vpdpwssd against [s_2j, s_2j+1] in every dword adds both, scaled,
+ * to the lanes they had before.  Three multiplies a token pair and 64
+ * elements instead of four: one core, 4096 rows of 4096 by 64 tokens,
+ * 176 -> 192 GMAC/s, by 8 tokens 173 -> 179 (docs/benchmarks.md, issue
+ * 17, session 48).  On cores with two 512-bit multipliers
+ * (Sapphire/Emerald Rapids: vpmaddubsw on zmm at 2 a cycle, measured, as
+ * on ymm) that is half the instructions of the 256-bit kernel per token;
+ * on Zen 4, which splits them, the same work in fewer instructions.
  *
  * The activations are rearranged for this once per call, for a span of
  * KZ_SPAN blocks at a time: struct kz_block holds a block of sixteen
@@ -47,8 +54,11 @@
  * blocks in order and the bits do not change.  Eight pairs share each
  * unpacked block (four, with two chains each: 76 GMAC/s on one core; eight
  * with one: 83; 512 rows of 4096 by 64 tokens, from L2; the 256-bit kernel
- * of quant_krows_tmpl.h: 57).  The scales come from registers (vpbroadcastd
- * per sub-block): as a broadcast memory operand of vpdpwssd it ran the same.
+ * of quant_krows_tmpl.h: 57; an Intel Xeon, before the pairing).  Paired,
+ * one chain a token pair is faster at any count on the Zen 5, also for
+ * one or two pairs (two chains, as before, were 0.93-0.96x).  The paired
+ * scales come from registers (vpbroadcastd per pair of sub-blocks): as a
+ * broadcast memory operand of vpdpwssd it ran the same.
  */
 #define KZ_SPAN 2    /* blocks per span */
 #define KZ_TOKENS 16 /* tokens per group: eight pairs, four quads */
@@ -67,16 +77,19 @@
 	}
 
 struct kz_block {
-	int8_t qs[KZ_TOKENS / 2][8][64]; /* pair p, sub-block s: token 2p's 32, then 2p+1's */
+	/* pair p, 2j and 2j + 1: k4_pair_a and k4_pair_b of sub-blocks 2j and
+	 * 2j + 1 (32-element chunks), token 2p's 32 bytes, then 2p+1's */
+	int8_t qs[KZ_TOKENS / 2][8][64];
 	float dp[KZ_TOKENS / 2][16];     /* pair p: token 2p's y.d x8, then 2p+1's */
 	float dq[KZ_TOKENS / 4][16];     /* quad q: tokens 4q..4q+3's y.d x4 */
 	int16_t q8s[KZ_TOKENS / 4][32];  /* quad q: each token's bsums[2k] + bsums[2k+1] */
 };
 _Static_assert(sizeof(struct kz_block) % 64 == 0, "kz_block");
 
-/* Blocks b0 .. b0 + nbs - 1 of the tn (<= KZ_TOKENS) activation rows at a;
- * the tokens past tn are zeros (their lanes are computed and dropped).
- * For Q6_K (six) the quants go in as y + 128 (y ^ 0x80), unsigned. */
+/* Blocks b0 .. b0 + nbs - 1 of the tn (<= KZ_TOKENS) activation rows at a,
+ * each 64 quants k4_pair'ed for the kernels' shared vpdpwssd; the tokens
+ * past tn are zeros (their lanes are computed and dropped).  For Q6_K
+ * (six) the quants go in as y + 128 (y ^ 0x80), unsigned. */
 VBMI static void kz_fill(struct kz_block *T, const uint8_t *a, size_t a_stride, unsigned tn,
 			 size_t b0, size_t nbs, bool six)
 {
@@ -90,10 +103,16 @@ VBMI static void kz_fill(struct kz_block *T, const uint8_t *a, size_t a_stride, 
 		const unsigned p = t / 2, h = t % 2, q = t / 4, i = t % 4;
 
 		for (size_t b = 0; b < nbs; b++) {
-			for (int s = 0; s < 8; s++)
-				_mm256_store_si256((void *)&T[b].qs[p][s][32 * h],
-						   _mm256_xor_si256(flip, _mm256_loadu_si256(
-									  (const void *)(y[b].qs + 32 * s))));
+			for (int j = 0; j < 4; j++) {
+				const __m256i l = _mm256_xor_si256(
+					flip, _mm256_loadu_si256((const void *)(y[b].qs + 64 * j)));
+				const __m256i hi = _mm256_xor_si256(
+					flip, _mm256_loadu_si256((const void *)(y[b].qs + 64 * j + 32)));
+
+				_mm256_store_si256((void *)&T[b].qs[p][2 * j][32 * h], k4_pair_a(l, hi));
+				_mm256_store_si256((void *)&T[b].qs[p][2 * j + 1][32 * h],
+						   k4_pair_b(l, hi));
+			}
 			_mm256_store_ps(&T[b].dp[p][8 * h], _mm256_broadcast_ss(&y[b].d));
 			_mm_store_ps(&T[b].dq[q][4 * i], _mm_broadcast_ss(&y[b].d));
 			_mm_store_si128((void *)&T[b].q8s[q][8 * i], k_q8_sums_of(&y[b]));
@@ -109,7 +128,6 @@ kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs
 	    const unsigned np, bool first, __m512 *acc_io, __m512 *accm_io)
 {
 	const unsigned nq = (np + 1) / 2;
-	const bool two = np <= 4;
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
 	__m512 acc[KZ_TOKENS / 2], accm[KZ_TOKENS / 4];
 
@@ -122,48 +140,46 @@ kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs
 		const __m128i sm = k4_scales_mins_vbmi(xb->scales);
 		/* dword j: scale j in both int16 halves, for vpdpwssd's broadcast */
 		const __m256i s32 = _mm256_cvtepu8_epi32(sm);
+		/* dword 2j: [s_2j, s_2j+1] as int16s, the paired madd's scales */
 		int32_t tab[8] __attribute__((aligned(32)));
 		const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64((const void *)&xb->d));
 		const __m512 dv = _mm512_broadcastss_ps(dm);
 		const __m512 dminv = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
 		const __m512i mz = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm)));
-		/* up to four pairs, two chains a pair (vpdpwssd's latency;
-		 * more would not fit the registers): integers, any order */
-		__m512i sumi[KZ_TOKENS / 2], sumh[KZ_TOKENS / 2];
+		__m512i sumi[KZ_TOKENS / 2];
 
-		_mm256_store_si256((void *)tab, _mm256_or_si256(s32, _mm256_slli_epi32(s32, 16)));
+		_mm256_store_si256((void *)tab, _mm256_or_si256(s32, _mm256_srli_epi64(s32, 16)));
 		_mm_prefetch((const char *)(xb + KZ_SPAN), _MM_HINT_T0);
 		_mm_prefetch((const char *)(xb + KZ_SPAN) + 64, _MM_HINT_T0);
 		_mm_prefetch((const char *)(xb + KZ_SPAN) + 128, _MM_HINT_T0);
 		for (unsigned p = 0; p < np; p++)
-			sumi[p] = sumh[p] = _mm512_setzero_si512();
+			sumi[p] = _mm512_setzero_si512();
 #pragma GCC unroll 4
 		for (int j = 0; j < ENG_QK_K / 64; j++) {
 			const __m512i bits = _mm512_broadcast_i64x4(
 				_mm256_loadu_si256((const void *)(xb->qs + 32 * j)));
-			const __m512i ql = _mm512_and_si512(bits, m4);
-			const __m512i qh = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
-			const __m512i sl = _mm512_set1_epi32(tab[2 * j]);
-			const __m512i sh = _mm512_set1_epi32(tab[2 * j + 1]);
+			/* k4_pair_a and k4_pair_b of the low nibbles (sub-block
+			 * 2j) and the high ones (2j + 1), as kz_fill laid the
+			 * tokens out: in each dword, qa's low word is the low
+			 * nibbles of bits' low word, its high word the high
+			 * nibbles of bits' high word; qb's the same of bits with
+			 * its words swapped */
+			const __m512i sw = _mm512_rol_epi32(bits, 16);
+			const __m512i qa = _mm512_and_si512(_mm512_mask_srli_epi16(bits, 0xaaaaaaaa, bits, 4), m4);
+			const __m512i qb = _mm512_and_si512(_mm512_mask_srli_epi16(sw, 0xaaaaaaaa, sw, 4), m4);
+			const __m512i sp = _mm512_set1_epi32(tab[2 * j]);
 
 			for (unsigned p = 0; p < np; p++) {
-				const __m512i yl = _mm512_load_si512(T[b].qs[p][2 * j]);
-				const __m512i yh = _mm512_load_si512(T[b].qs[p][2 * j + 1]);
+				const __m512i p16 = _mm512_add_epi16(
+					_mm512_maddubs_epi16(qa, _mm512_load_si512(T[b].qs[p][2 * j])),
+					_mm512_maddubs_epi16(qb, _mm512_load_si512(T[b].qs[p][2 * j + 1])));
 
-				sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(ql, yl), sl);
-				if (two)
-					sumh[p] = _mm512_dpwssd_epi32(sumh[p],
-								      _mm512_maddubs_epi16(qh, yh), sh);
-				else
-					sumi[p] = _mm512_dpwssd_epi32(sumi[p],
-								      _mm512_maddubs_epi16(qh, yh), sh);
+				sumi[p] = _mm512_dpwssd_epi32(sumi[p], p16, sp);
 			}
 		}
 		for (unsigned p = 0; p < np; p++)
 			acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(T[b].dp[p]), dv),
-						 _mm512_cvtepi32_ps(two ? _mm512_add_epi32(sumi[p], sumh[p])
-								    : sumi[p]),
-						 acc[p]);
+						 _mm512_cvtepi32_ps(sumi[p]), acc[p]);
 		for (unsigned q = 0; q < nq; q++) {
 			const __m512i m = _mm512_madd_epi16(mz, _mm512_load_si512(T[b].q8s[q]));
 
@@ -187,16 +203,19 @@ kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs
  *   sum s (q - 32) y = sum s (q - 32) (y + 128) - 128 sum s (q - 32)
  * where the last sum depends on the row alone: it is computed once per
  * block, as for one more token whose y + 128 are all 128, and taken from
- * every token's lanes.  The int16 products stay
- * within +-16320 (255 * 32 * 2): vpmaddubsw never saturates.  The scales of
- * a chunk are put in place by one broadcast load from a table of the
- * block's 16 scales, each widened to eight int16 (4 vpermw).
+ * every token's lanes.  Two chunks share a vpdpwssd, paired by 16-bit
+ * words as the Q4_K sub-blocks are (kz_fill lays the activations out so for
+ * both types).  The int16 products stay within +-16320 (255 * 32 * 2):
+ * vpmaddubsw never saturates, and the sum of a pair's two within +-32640.
+ * A pair's scales are put in place by one load from a table of the
+ * block's 16 scales (4 vpermw).  One core, 64 tokens: 162 -> 172 GMAC/s,
+ * 8 tokens 147 -> 154, 4 tokens 109 -> 101 (the pairing's unpacking,
+ * shared by fewer tokens; session 48).
  */
 VBMI static inline __attribute__((always_inline)) void
 kz_q6_k_row(const struct eng_block_q6_k *x, const struct kz_block *T, size_t nbs,
 	    const unsigned np, bool first, __m512 *acc_io)
 {
-	const bool two = np <= 4;
 	const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
 	const __m512i m32 = _mm512_set1_epi8(32), u128 = _mm512_set1_epi8((char)0x80);
 	__m512 acc[KZ_TOKENS / 2];
@@ -207,26 +226,26 @@ kz_q6_k_row(const struct eng_block_q6_k *x, const struct kz_block *T, size_t nbs
 		const struct eng_block_q6_k *xb = x + b;
 		const __m512i sc16 = _mm512_zextsi256_si512(
 			_mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)xb->scales)));
-		/* tab + 32 g: chunk g's two scales, each as eight int16 */
-		int16_t tab[16 * 8] __attribute__((aligned(64)));
+		/* tab + 32 c: the scales of chunks 2c and 2c + 1 for their paired
+		 * madd (k4_pair_a), in each token's half: dword k of the low
+		 * 128 bits [sc_4c, sc_4c+2] (the chunks' first 16 elements), of
+		 * the high ones [sc_4c+1, sc_4c+3] */
+		int16_t tab[4 * 32] __attribute__((aligned(64)));
 		const __m512 dv = _mm512_set1_ps(fp16(xb->d));
-		__m512i sumi[KZ_TOKENS / 2], sumh[KZ_TOKENS / 2], corr = _mm512_setzero_si512();
+		__m512i sumi[KZ_TOKENS / 2], corr = _mm512_setzero_si512();
 
 		for (int c = 0; c < 4; c++) {
-			/* word w of vector c: scale 4c + w / 8 */
+			/* word w: scale 4c + 2 (w % 2) + (w / 8) % 2 */
 			const __m512i idx = _mm512_add_epi16(
 				_mm512_set1_epi16((short)(4 * c)),
-				_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
-								   21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
-								   11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-						  3));
+				_mm512_set_epi16(3, 1, 3, 1, 3, 1, 3, 1, 2, 0, 2, 0, 2, 0, 2, 0, 3, 1, 3, 1, 3, 1, 3, 1, 2, 0, 2, 0, 2, 0, 2, 0));
 
 			_mm512_store_si512(tab + 32 * c, _mm512_permutexvar_epi16(idx, sc16));
 		}
 		for (int l = 0; l < 4; l++)
 			_mm_prefetch((const char *)(xb + KZ_SPAN) + 64 * l, _MM_HINT_T0);
 		for (unsigned p = 0; p < np; p++)
-			sumi[p] = sumh[p] = _mm512_setzero_si512();
+			sumi[p] = _mm512_setzero_si512();
 #pragma GCC unroll 2
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const __m512i b1 = _mm512_broadcast_i64x4(
@@ -235,46 +254,47 @@ kz_q6_k_row(const struct eng_block_q6_k *x, const struct kz_block *T, size_t nbs
 				_mm256_loadu_si256((const void *)(xb->ql + 64 * h + 32)));
 			const __m512i bh = _mm512_broadcast_i64x4(
 				_mm256_loadu_si256((const void *)(xb->qh + 32 * h)));
-			/* the 6-bit quants of chunks 4h .. 4h + 3 (q6_k_unpack), minus 32 */
-			const __m512i q[4] = {
-				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
-							b1, m4, _mm512_and_si512(_mm512_slli_epi16(bh, 4), m30), 0xea),
-						m32),
-				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
-							b2, m4, _mm512_and_si512(_mm512_slli_epi16(bh, 2), m30), 0xea),
-						m32),
-				_mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(b1, 4), m4,
-									  _mm512_and_si512(bh, m30), 0xea),
-						m32),
-				_mm512_sub_epi8(_mm512_ternarylogic_epi32(
-							_mm512_srli_epi16(b2, 4), m4,
-							_mm512_and_si512(_mm512_srli_epi16(bh, 2), m30), 0xea),
-						m32),
-			};
+			const __m512i bh2 = _mm512_srli_epi16(bh, 2);
+			/* paired first (whole 16-bit words: before or after the
+			 * 16-bit shifts below, the same), as the AVX2 kernel
+			 * (quant_krows_tmpl.h, q6_k_row_tn) */
+			const __m512i la = _mm512_mask_blend_epi16(0xaaaaaaaa, b1, b2);
+			const __m512i lb = _mm512_or_si512(_mm512_srli_epi32(b1, 16), _mm512_slli_epi32(b2, 16));
+			const __m512i ha = _mm512_mask_blend_epi16(0xaaaaaaaa, bh, bh2);
+			const __m512i hb = _mm512_or_si512(_mm512_srli_epi32(bh, 16), _mm512_slli_epi32(bh2, 16));
 
-#pragma GCC unroll 4
-			for (int k = 0; k < 4; k++) {
-				const int g = 4 * h + k;
-				const __m512i sg = _mm512_broadcast_i64x4(
-					_mm256_load_si256((const void *)(tab + 16 * g)));
+#pragma GCC unroll 2
+			for (int c = 0; c < 2; c++) {
+				const int cc = 2 * h + c;
+				const __m512i sp = _mm512_load_si512(tab + 32 * cc);
+				/* the quants minus 32: (low 4 bits | high 2 << 4) - 32 */
+				const __m512i qa = _mm512_sub_epi8(
+					_mm512_ternarylogic_epi32(c ? _mm512_srli_epi16(la, 4) : la, m4,
+								  _mm512_and_si512(c ? ha : _mm512_slli_epi16(ha, 4), m30),
+								  0xea),
+					m32);
+				const __m512i qb = _mm512_sub_epi8(
+					_mm512_ternarylogic_epi32(c ? _mm512_srli_epi16(lb, 4) : lb, m4,
+								  _mm512_and_si512(c ? hb : _mm512_slli_epi16(hb, 4), m30),
+								  0xea),
+					m32);
 
-				corr = _mm512_dpwssd_epi32(corr, _mm512_maddubs_epi16(u128, q[k]), sg);
+				/* 128 (qa + qb) in pairs: the bytes add up within -64..62 */
+				corr = _mm512_dpwssd_epi32(
+					corr, _mm512_maddubs_epi16(u128, _mm512_add_epi8(qa, qb)), sp);
 				for (unsigned p = 0; p < np; p++) {
-					const __m512i yk = _mm512_load_si512(T[b].qs[p][g]);
-					const __m512i p16 = _mm512_maddubs_epi16(yk, q[k]);
+					const __m512i p16 = _mm512_add_epi16(
+						_mm512_maddubs_epi16(_mm512_load_si512(T[b].qs[p][2 * cc]), qa),
+						_mm512_maddubs_epi16(_mm512_load_si512(T[b].qs[p][2 * cc + 1]),
+								     qb));
 
-					if (two && (k & 1))
-						sumh[p] = _mm512_dpwssd_epi32(sumh[p], p16, sg);
-					else
-						sumi[p] = _mm512_dpwssd_epi32(sumi[p], p16, sg);
+					sumi[p] = _mm512_dpwssd_epi32(sumi[p], p16, sp);
 				}
 			}
 		}
 		for (unsigned p = 0; p < np; p++) {
-			const __m512i s = two ? _mm512_add_epi32(sumi[p], sumh[p]) : sumi[p];
-
 			acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(T[b].dp[p]), dv),
-						 _mm512_cvtepi32_ps(_mm512_sub_epi32(s, corr)), acc[p]);
+						 _mm512_cvtepi32_ps(_mm512_sub_epi32(sumi[p], corr)), acc[p]);
 		}
 	}
 	for (unsigned p = 0; p < np; p++)
