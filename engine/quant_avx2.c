@@ -763,7 +763,7 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
 /*
  * Q8_K activations for the K-quants' multi-row kernels (quant_krows_tmpl.h), once per
  * row and matmul: the Q8_K row as it is (the one-token kernels read that),
- * then each block's 256 quants plus 128 (unsigned, for Q6_K's vec_dot8: the
+ * then each block's 256 quants plus 128 (unsigned, for Q6_K's vec_dotn: the
  * flip was two maddubs a token and 32 elements, done again for every row),
  * then each block's y.d, so that Q6_K reads 260 bytes a block and token,
  * then each block's quants for Q4_K: 808 bytes a block in all.  Both sets
@@ -843,7 +843,7 @@ BASELINE static void avx2_init(void)
 	avx2.vec_dotn[ENG_TYPE_Q5_K] = vec_dotn_q5_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q5_K] = pack8_q8_k;
 	avx2.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_avx2;
-	avx2.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_avx2;
+	avx2.vec_dotn[ENG_TYPE_Q6_K] = vec_dotn_q6_k_q8_k_avx2;
 	avx2.pack8[ENG_TYPE_Q6_K] = pack8_q8_k;
 }
 

@@ -735,7 +735,7 @@ BASELINE static void avx512_init(void)
 	avx512.vec_dot[ENG_TYPE_Q4_K] = vec_dot_q4_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q6_K] = vec_dot_q6_k_q8_k_vnni;
 	avx512.vec_dotn[ENG_TYPE_Q4_K] = vec_dotn_q4_k_q8_k_vnni;
-	avx512.vec_dot8[ENG_TYPE_Q6_K] = vec_dot8_q6_k_q8_k_vnni;
+	avx512.vec_dotn[ENG_TYPE_Q6_K] = vec_dotn_q6_k_q8_k_vnni;
 	avx512.vec_dot[ENG_TYPE_Q5_K] = vec_dot_q5_k_q8_k_vnni;
 	avx512.vec_dotn[ENG_TYPE_Q5_K] = vec_dotn_q5_k_q8_k_vnni;
 	avx512_novbmi = avx512;

@@ -1,6 +1,6 @@
 /*
- * quant_krows_tmpl.h - the K-quant multi-row kernels (Q4_K's and Q5_K's
- * vec_dotn, Q6_K's vec_dot8) that share each weight block between the
+ * quant_krows_tmpl.h - the K-quant multi-row kernels (Q4_K's, Q5_K's and
+ * Q6_K's vec_dotn) that share each weight block between the
  * tokens of a prompt, written once for the AVX2 set and the AVX-512 VNNI
  * one.  Included by quant_avx2.c and
  * quant_avx512.c after defining:
@@ -387,7 +387,7 @@ KR_ATTR static void KR_NAME(q6_k_y32)(int16_t *y32, const struct eng_block_q8_k 
 }
 
 /*
- * Q6_K, eight rows by up to ENG_DOT8_NT tokens (vec_dot8), each row and
+ * Q6_K, a row by up to eight tokens (for vec_dotn), each row and
  * token bit-identical to vec_dot_q6_k_q8_k, as for Q4_K above: each 128
  * elements of a row are unpacked to 6-bit quants once for eight tokens.
  * The one-row kernel takes the quants unsigned (0..63) and 32 * y off each
@@ -513,35 +513,47 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 		out[t * out_stride] = hsum_f32x8(acc[t]);
 }
 
-KR_ATTR static void KR_NAME(vec_dot8_q6_k_q8_k)(size_t n, unsigned nt, float *out,
+/*
+ * Q6_K's vec_dotn: a thread's chunk of rows (matmul.c) by nt tokens, eight
+ * tokens at a time over all the rows, as Q4_K's dotn_q45_k: those tokens'
+ * activations stay in L1 while the chunk's rows (at least 64) come from L2
+ * once for every eight tokens.  As a vec_dot8 it took eight rows at a time,
+ * each row through all the tokens: every 4096-element row read the 64
+ * tokens' activations (266 KB) from L2 again.  Decoding (one token) works
+ * y32 out once for the chunk instead of once for every eight rows.
+ */
+KR_ATTR static void KR_NAME(vec_dotn_q6_k_q8_k)(size_t n, unsigned nrows, unsigned nt, float *out,
 						 size_t out_stride, const void *w, size_t stride,
 						 const void *a, size_t a_stride)
 {
-	if (nt == 1 && n / ENG_QK_K <= KR_TABLE_BLOCKS) {
+	const size_t nb = n / ENG_QK_K;
+
+	if (nt == 1 && nb <= KR_TABLE_BLOCKS) {
 		/* decoding: the one-row kernel, with y32 worked out once */
 		int16_t y32[KR_TABLE_BLOCKS * Q6_K_Y32];
 
-		KR_NAME(q6_k_y32)(y32, a, n / ENG_QK_K);
-		for (int r = 0; r < 8; r++)
+		KR_NAME(q6_k_y32)(y32, a, nb);
+		for (unsigned r = 0; r < nrows; r++)
 			KR_NAME(dot_q6_k)(n, out + r, (const uint8_t *)w + (size_t)r * stride, a, y32);
 		return;
 	}
 	if (nt == 1) { /* decoding, a row longer than the table */
-		for (int r = 0; r < 8; r++)
+		for (unsigned r = 0; r < nrows; r++)
 			KR_NAME(vec_dot_q6_k_q8_k)(n, out + r, (const uint8_t *)w + (size_t)r * stride,
 						   a);
 		return;
 	}
-	for (int r = 0; r < 8; r++) {
-		const struct eng_block_q6_k *x =
-			(const void *)((const uint8_t *)w + (size_t)r * stride);
+	for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
+		const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
+		const unsigned tn = nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS;
 
-		for (unsigned t0 = 0; t0 < nt; t0 += KR_TOKENS) {
-			const uint8_t *y = (const uint8_t *)a + t0 * a_stride;
+		for (unsigned r = 0; r < nrows; r++) {
+			const struct eng_block_q6_k *x =
+				(const void *)((const uint8_t *)w + (size_t)r * stride);
 			float *o = out + t0 * out_stride + r;
 
-#define CALL(tn) KR_NAME(q6_k_row_tn)(x, n / ENG_QK_K, y, a_stride, tn, o, out_stride)
-			KR_SWITCH(nt - t0 < KR_TOKENS ? nt - t0 : KR_TOKENS, CALL)
+#define CALL(tn) KR_NAME(q6_k_row_tn)(x, nb, y, a_stride, tn, o, out_stride)
+			KR_SWITCH(tn, CALL)
 #undef CALL
 		}
 	}
