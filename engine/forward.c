@@ -214,7 +214,12 @@ static void ctx_alloc(struct eng_ctx *c)
 	 * half a byte an element and 64 more). */
 	max_in = max_in > n_ff ? max_in : n_ff;
 	c->qact_stride = (max_in * sizeof(float) + max_in / 2 + 64 + 63) & ~(size_t)63;
-	c->qact = xcalloc(c, (size_t)c->qact_rows, c->qact_stride);
+	/* Each row on a cache line's start (the stride is a multiple of 64):
+	 * the kernels read a row's blocks 32 bytes at a time, and calloc's
+	 * large blocks start 16 bytes into a page, which split every other
+	 * one of those loads over two lines.  One row more for the room. */
+	c->qact_mem = xcalloc(c, (size_t)c->qact_rows + 1, c->qact_stride);
+	c->qact = (uint8_t *)(((uintptr_t)c->qact_mem + 63) & ~(uintptr_t)63);
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
 }
 
@@ -346,7 +351,7 @@ void eng_ctx_destroy(struct eng_ctx *c)
 	free(c->undo_in);
 	free(c->theta[0]);
 	free(c->theta[1]);
-	free(c->qact);
+	free(c->qact_mem);
 	free(c->layer_ns);
 	free(c);
 }

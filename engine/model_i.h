@@ -188,7 +188,9 @@ struct eng_ctx {
 	float *undo_conv, *undo_ssm, *undo_in;
 	uint8_t *qact;               /* quantized activations, [qact_rows] rows:
 				      * n_batch, a mixture's n_batch * k
-				      * (each with its pack8 copy beside it) */
+				      * (each with its pack8 copy beside it),
+				      * on a cache line's start */
+	uint8_t *qact_mem;           /* what holds qact (free this) */
 	size_t qact_stride;
 	uint32_t qact_rows;
 	uint64_t *layer_ns;          /* [n_layer] each layer's CPU time in the last pass */
