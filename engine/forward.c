@@ -210,10 +210,11 @@ static void ctx_alloc(struct eng_ctx *c)
 	c->theta[1] = xcalloc(c, hp->n_rot / 2, sizeof(float));
 	/* Widest quantized activation row: any matmul input, in any vec_dot
 	 * format (F32 rows: 4 bytes per element; a Q8_0 or Q8_K row and its
-	 * pack8 copy after it: up to 1.15 + 3.16 and 63 of alignment, hence
-	 * half a byte an element and 64 more). */
+	 * pack8 copy after it: up to 1.15 + 3.16 bytes an element, 63 of
+	 * alignment and ENG_PACK8_BYTES' 128, hence half a byte an element
+	 * and 192 more). */
 	max_in = max_in > n_ff ? max_in : n_ff;
-	c->qact_stride = (max_in * sizeof(float) + max_in / 2 + 64 + 63) & ~(size_t)63;
+	c->qact_stride = (max_in * sizeof(float) + max_in / 2 + 192 + 63) & ~(size_t)63;
 	/* Each row on a cache line's start (the stride is a multiple of 64):
 	 * the kernels read a row's blocks 32 bytes at a time, and calloc's
 	 * large blocks start 16 bytes into a page, which split every other

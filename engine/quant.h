@@ -207,7 +207,9 @@ static inline uint64_t eng_chunk_rows(size_t row_bytes, uint32_t nt)
 	return rows < 64 ? 64 : rows;
 }
 
-#define ENG_PACK8_BYTES(n) ((n) / 32 * 101) /* Q8_K's: 292 + 256 + 4 + 256 a block, 808 */
+/* Q8_K's: 292 + 256 + 4 + 256 a block, 808, and two cache lines for its
+ * parts' alignment (quant_x86_i.h, pack8_q8_k_at) */
+#define ENG_PACK8_BYTES(n) ((n) / 32 * 101 + 128)
 typedef void (*eng_vec_dot8_fn)(size_t n, unsigned nt, float *out, size_t out_stride,
 				const void *w, size_t stride, const void *a, size_t a_stride);
 typedef void (*eng_vec_dotn_fn)(size_t n, unsigned nrows, unsigned nt, float *out,

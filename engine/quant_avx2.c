@@ -777,9 +777,10 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 {
 	const size_t nb = n / ENG_QK_K;
 	const struct eng_block_q8_k *y = src;
-	uint8_t *yu = (uint8_t *)((struct eng_block_q8_k *)dst + nb);
-	float *yd = (float *)(yu + nb * ENG_QK_K);
-	uint8_t *ys = (uint8_t *)(yd + nb);
+	const struct pack8_q8_k_at at = pack8_q8_k_at(nb);
+	uint8_t *yu = (uint8_t *)dst + at.yu;
+	float *yd = (float *)((uint8_t *)dst + at.yd);
+	uint8_t *ys = (uint8_t *)dst + at.ys;
 	const __m256i u128 = _mm256_set1_epi8((char)0x80);
 
 	memcpy(dst, src, nb * sizeof(*y));

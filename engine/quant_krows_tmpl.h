@@ -281,7 +281,7 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 	const int8_t *ys[KR_TOKENS]; /* pack8_q8_k's k4_pair quants */
 
 	for (unsigned t = 0; t < tn; t++) {
-		ys[t] = (const int8_t *)(act + t * a_stride) + nb * (PACK8_Q8_K_BLOCK - ENG_QK_K);
+		ys[t] = (const int8_t *)(act + t * a_stride + pack8_q8_k_at(nb).ys);
 		acc[t] = _mm256_setzero_ps();
 	}
 	for (unsigned u = 0; u < (tn + 1) / 2; u++)
@@ -417,8 +417,8 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 	const float *yd[KR_TOKENS];   /* y.d, a block each */
 
 	for (unsigned t = 0; t < tn; t++) {
-		yu[t] = (const uint8_t *)((const struct eng_block_q8_k *)(act + t * a_stride) + nb);
-		yd[t] = (const float *)(yu[t] + nb * ENG_QK_K);
+		yu[t] = act + t * a_stride + pack8_q8_k_at(nb).yu;
+		yd[t] = (const float *)(act + t * a_stride + pack8_q8_k_at(nb).yd);
 		acc[t] = _mm256_setzero_ps();
 	}
 	for (size_t i = 0; i < nb; i++) {

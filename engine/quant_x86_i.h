@@ -228,6 +228,30 @@ static inline __m256i k4_pair_b(__m256i l, __m256i h)
 #define PACK8_Q8_K_BLOCK (sizeof(struct eng_block_q8_k) + ENG_QK_K + sizeof(float) + ENG_QK_K)
 
 /*
+ * Where pack8_q8_k puts its parts in a packed row of nb blocks: the Q8_K
+ * row at the start, then y + 128 (yu), each block's y.d (yd), then the
+ * k4_pair quants (ys), the two that the kernels read 32 bytes at a time each
+ * on a cache line's start when the row's start is on one (matmul.c's
+ * activations are: forward.c, qact).  A Q8_K block is 292 bytes, so with
+ * 3584 columns (14 blocks) the parts back to back began 56 and 48 bytes
+ * into a line, and every other 32-byte load crossed two.  At most two
+ * lines' room more than PACK8_Q8_K_BLOCK a block (ENG_PACK8_BYTES).
+ */
+struct pack8_q8_k_at {
+	size_t yu, yd, ys; /* byte offsets in the packed row */
+};
+
+static inline struct pack8_q8_k_at pack8_q8_k_at(size_t nb)
+{
+	struct pack8_q8_k_at at;
+
+	at.yu = (nb * sizeof(struct eng_block_q8_k) + 63) & ~(size_t)63;
+	at.yd = at.yu + nb * ENG_QK_K;
+	at.ys = (at.yd + nb * sizeof(float) + 63) & ~(size_t)63;
+	return at;
+}
+
+/*
  * A Q8_0 activation block as the eight- and sixteen-row Q4_0 kernels read it
  * (pack8_q4_0 in quant_avx2.c makes it; both sets use it): their maddubs or
  * vpdpbusd take the nibbles unsigned (0..15), so each block sum starts from
