@@ -104,12 +104,14 @@ VBMI static void kz_fill(struct kz_block *T, const uint8_t *a, size_t a_stride, 
 
 		for (size_t b = 0; b < nbs; b++) {
 			for (int j = 0; j < 4; j++) {
+				const int8_t *yq = y[b].qs + 64 * j;
 				const __m256i l = _mm256_xor_si256(
-					flip, _mm256_loadu_si256((const void *)(y[b].qs + 64 * j)));
+					flip, _mm256_loadu_si256((const void *)yq));
 				const __m256i hi = _mm256_xor_si256(
-					flip, _mm256_loadu_si256((const void *)(y[b].qs + 64 * j + 32)));
+					flip, _mm256_loadu_si256((const void *)(yq + 32)));
 
-				_mm256_store_si256((void *)&T[b].qs[p][2 * j][32 * h], k4_pair_a(l, hi));
+				_mm256_store_si256((void *)&T[b].qs[p][2 * j][32 * h],
+						   k4_pair_a(l, hi));
 				_mm256_store_si256((void *)&T[b].qs[p][2 * j + 1][32 * h],
 						   k4_pair_b(l, hi));
 			}
@@ -138,7 +140,7 @@ kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs
 	for (size_t b = 0; b < nbs; b++) {
 		const struct eng_block_q4_k *xb = x + b;
 		const __m128i sm = k4_scales_mins_vbmi(xb->scales);
-		/* dword j: scale j in both int16 halves, for vpdpwssd's broadcast */
+		/* dword j: scale j */
 		const __m256i s32 = _mm256_cvtepu8_epi32(sm);
 		/* dword 2j: [s_2j, s_2j+1] as int16s, the paired madd's scales */
 		int32_t tab[8] __attribute__((aligned(32)));
@@ -165,14 +167,17 @@ kz_q4_k_row(const struct eng_block_q4_k *x, const struct kz_block *T, size_t nbs
 			 * nibbles of bits' high word; qb's the same of bits with
 			 * its words swapped */
 			const __m512i sw = _mm512_rol_epi32(bits, 16);
-			const __m512i qa = _mm512_and_si512(_mm512_mask_srli_epi16(bits, 0xaaaaaaaa, bits, 4), m4);
-			const __m512i qb = _mm512_and_si512(_mm512_mask_srli_epi16(sw, 0xaaaaaaaa, sw, 4), m4);
+			const __m512i qa =
+				_mm512_and_si512(_mm512_mask_srli_epi16(bits, 0xaaaaaaaa, bits, 4), m4);
+			const __m512i qb =
+				_mm512_and_si512(_mm512_mask_srli_epi16(sw, 0xaaaaaaaa, sw, 4), m4);
 			const __m512i sp = _mm512_set1_epi32(tab[2 * j]);
 
 			for (unsigned p = 0; p < np; p++) {
-				const __m512i p16 = _mm512_add_epi16(
-					_mm512_maddubs_epi16(qa, _mm512_load_si512(T[b].qs[p][2 * j])),
-					_mm512_maddubs_epi16(qb, _mm512_load_si512(T[b].qs[p][2 * j + 1])));
+				const __m512i ya = _mm512_load_si512(T[b].qs[p][2 * j]);
+				const __m512i yb = _mm512_load_si512(T[b].qs[p][2 * j + 1]);
+				const __m512i p16 = _mm512_add_epi16(_mm512_maddubs_epi16(qa, ya),
+								     _mm512_maddubs_epi16(qb, yb));
 
 				sumi[p] = _mm512_dpwssd_epi32(sumi[p], p16, sp);
 			}
@@ -238,7 +243,8 @@ kz_q6_k_row(const struct eng_block_q6_k *x, const struct kz_block *T, size_t nbs
 			/* word w: scale 4c + 2 (w % 2) + (w / 8) % 2 */
 			const __m512i idx = _mm512_add_epi16(
 				_mm512_set1_epi16((short)(4 * c)),
-				_mm512_set_epi16(3, 1, 3, 1, 3, 1, 3, 1, 2, 0, 2, 0, 2, 0, 2, 0, 3, 1, 3, 1, 3, 1, 3, 1, 2, 0, 2, 0, 2, 0, 2, 0));
+				_mm512_set_epi16(3, 1, 3, 1, 3, 1, 3, 1, 2, 0, 2, 0, 2, 0, 2, 0,
+						 3, 1, 3, 1, 3, 1, 3, 1, 2, 0, 2, 0, 2, 0, 2, 0));
 
 			_mm512_store_si512(tab + 32 * c, _mm512_permutexvar_epi16(idx, sc16));
 		}
@@ -259,34 +265,36 @@ kz_q6_k_row(const struct eng_block_q6_k *x, const struct kz_block *T, size_t nbs
 			 * 16-bit shifts below, the same), as the AVX2 kernel
 			 * (quant_krows_tmpl.h, q6_k_row_tn) */
 			const __m512i la = _mm512_mask_blend_epi16(0xaaaaaaaa, b1, b2);
-			const __m512i lb = _mm512_or_si512(_mm512_srli_epi32(b1, 16), _mm512_slli_epi32(b2, 16));
+			const __m512i lb =
+				_mm512_or_si512(_mm512_srli_epi32(b1, 16), _mm512_slli_epi32(b2, 16));
 			const __m512i ha = _mm512_mask_blend_epi16(0xaaaaaaaa, bh, bh2);
-			const __m512i hb = _mm512_or_si512(_mm512_srli_epi32(bh, 16), _mm512_slli_epi32(bh2, 16));
+			const __m512i hb =
+				_mm512_or_si512(_mm512_srli_epi32(bh, 16), _mm512_slli_epi32(bh2, 16));
 
 #pragma GCC unroll 2
 			for (int c = 0; c < 2; c++) {
 				const int cc = 2 * h + c;
 				const __m512i sp = _mm512_load_si512(tab + 32 * cc);
 				/* the quants minus 32: (low 4 bits | high 2 << 4) - 32 */
+				const __m512i la4 = c ? _mm512_srli_epi16(la, 4) : la;
+				const __m512i lb4 = c ? _mm512_srli_epi16(lb, 4) : lb;
+				const __m512i ha4 = c ? ha : _mm512_slli_epi16(ha, 4);
+				const __m512i hb4 = c ? hb : _mm512_slli_epi16(hb, 4);
 				const __m512i qa = _mm512_sub_epi8(
-					_mm512_ternarylogic_epi32(c ? _mm512_srli_epi16(la, 4) : la, m4,
-								  _mm512_and_si512(c ? ha : _mm512_slli_epi16(ha, 4), m30),
-								  0xea),
+					_mm512_ternarylogic_epi32(la4, m4, _mm512_and_si512(ha4, m30), 0xea),
 					m32);
 				const __m512i qb = _mm512_sub_epi8(
-					_mm512_ternarylogic_epi32(c ? _mm512_srli_epi16(lb, 4) : lb, m4,
-								  _mm512_and_si512(c ? hb : _mm512_slli_epi16(hb, 4), m30),
-								  0xea),
+					_mm512_ternarylogic_epi32(lb4, m4, _mm512_and_si512(hb4, m30), 0xea),
 					m32);
 
 				/* 128 (qa + qb) in pairs: the bytes add up within -64..62 */
 				corr = _mm512_dpwssd_epi32(
 					corr, _mm512_maddubs_epi16(u128, _mm512_add_epi8(qa, qb)), sp);
 				for (unsigned p = 0; p < np; p++) {
-					const __m512i p16 = _mm512_add_epi16(
-						_mm512_maddubs_epi16(_mm512_load_si512(T[b].qs[p][2 * cc]), qa),
-						_mm512_maddubs_epi16(_mm512_load_si512(T[b].qs[p][2 * cc + 1]),
-								     qb));
+					const __m512i ya = _mm512_load_si512(T[b].qs[p][2 * cc]);
+					const __m512i yb = _mm512_load_si512(T[b].qs[p][2 * cc + 1]);
+					const __m512i p16 = _mm512_add_epi16(_mm512_maddubs_epi16(ya, qa),
+									     _mm512_maddubs_epi16(yb, qb));
 
 					sumi[p] = _mm512_dpwssd_epi32(sumi[p], p16, sp);
 				}
