@@ -55,10 +55,10 @@
  * unpacked block (four, with two chains each: 76 GMAC/s on one core; eight
  * with one: 83; 512 rows of 4096 by 64 tokens, from L2; the 256-bit kernel
  * of quant_krows_tmpl.h: 57; an Intel Xeon, before the pairing).  Paired,
- * one chain a token pair is faster at any count on the Zen 5, also for
- * one or two pairs (two chains, as before, were 0.93-0.96x).  The paired
- * scales come from registers (vpbroadcastd per pair of sub-blocks): as a
- * broadcast memory operand of vpdpwssd it ran the same.
+ * one chain a token pair is the faster on the Zen 5, also for one or two
+ * pairs (two chains, as before, were 0.94-0.97x at 4 and 8 tokens).  The
+ * paired scales come from registers (vpbroadcastd per pair of sub-blocks):
+ * as a broadcast memory operand of vpdpwssd it ran the same.
  */
 #define KZ_SPAN 2    /* blocks per span */
 #define KZ_TOKENS 16 /* tokens per group: eight pairs, four quads */
