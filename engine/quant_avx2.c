@@ -771,7 +771,9 @@ static void q8_k_from_float(const float *src, void *dst, size_t n)
  * Q5_K's vec_dotn reads only the Q8_K rows at the start, but takes the same
  * pack8, so that a matmul may group it with Q6_K (Q5_K_M mixes them).
  */
-_Static_assert(PACK8_Q8_K_BLOCK <= ENG_PACK8_BYTES(ENG_QK_K), "q8_k pack8 size");
+/* a row's blocks, and the at most 63 + 63 bytes pack8_q8_k_at skips to put
+ * two of its parts on a cache line's start */
+_Static_assert(PACK8_Q8_K_BLOCK + 63 + 63 <= ENG_PACK8_BYTES(ENG_QK_K), "q8_k pack8 size");
 
 static void pack8_q8_k(const void *src, void *dst, size_t n)
 {

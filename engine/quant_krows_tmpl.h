@@ -415,10 +415,11 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 	/* pack8_q8_k's parts of each token's packed row */
 	const uint8_t *yu[KR_TOKENS]; /* y + 128, 256 bytes a block */
 	const float *yd[KR_TOKENS];   /* y.d, a block each */
+	const struct pack8_q8_k_at at = pack8_q8_k_at(nb);
 
 	for (unsigned t = 0; t < tn; t++) {
-		yu[t] = act + t * a_stride + pack8_q8_k_at(nb).yu;
-		yd[t] = (const float *)(act + t * a_stride + pack8_q8_k_at(nb).yd);
+		yu[t] = act + t * a_stride + at.yu;
+		yd[t] = (const float *)(act + t * a_stride + at.yd);
 		acc[t] = _mm256_setzero_ps();
 	}
 	for (size_t i = 0; i < nb; i++) {
