@@ -362,9 +362,9 @@ q4_0_load8(struct q4_0_x8 *x, const uint8_t *rows, size_t stride, size_t ib)
 		x->hi[k] = _mm256_and_si256(_mm256_srli_epi16(v[k], 4), m4);
 	}
 	x->d = _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0));
-	_mm_prefetch((const char *)pf, _MM_HINT_T1);
-	_mm_prefetch((const char *)pf + 64, _MM_HINT_T1);
-	_mm_prefetch((const char *)pf + 128, _MM_HINT_T1);
+	_mm_prefetch((const char *)pf, K_PREFETCH_HINT);
+	_mm_prefetch((const char *)pf + 64, K_PREFETCH_HINT);
+	_mm_prefetch((const char *)pf + 128, K_PREFETCH_HINT);
 }
 
 /* Up to eight tokens at a time: with the eight nibble vectors, more than
@@ -525,7 +525,7 @@ static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a
 	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
 		/* the row K_PREFETCH_ROWS ahead, at this one's pace (34-byte
 		 * blocks: a line every other block) */
-		_mm_prefetch(pf + ib * sizeof(*x), _MM_HINT_T1);
+		_mm_prefetch(pf + ib * sizeof(*x), K_PREFETCH_HINT);
 		const __m256i qx = _mm256_loadu_si256((const void *)x[ib].qs);
 		const __m256i qy = _mm256_loadu_si256((const void *)y[ib].qs);
 		const __m256i xl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qx));
@@ -610,7 +610,7 @@ q8_0_row_tn(size_t n, const struct eng_block_q8_0 *x, const uint8_t *act, size_t
 	for (size_t ib = 0; ib < nb; ib++) {
 		__m256i xa, xb;
 
-		_mm_prefetch(pf + ib * sizeof(*x), _MM_HINT_T1);
+		_mm_prefetch(pf + ib * sizeof(*x), K_PREFETCH_HINT);
 		q8_0_widen(x[ib].qs, &xa, &xb);
 		const __m256 dx = fp16x8(x[ib].d);
 

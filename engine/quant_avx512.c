@@ -104,7 +104,7 @@ q4_0_rows(const unsigned nrows, const uint8_t *rows, size_t stride, size_t ib, _
 		}
 	}
 	for (unsigned l = 0; l < (nrows * sizeof(struct eng_block_q4_0) + 127) / 64; l++)
-		_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+		_mm_prefetch((const char *)pf + 64 * l, K_PREFETCH_HINT);
 
 	/* 4x4 dword transposes in each 128-bit lane: lane 4j + i of v[k] =
 	 * dword k of row 4j + i */
@@ -376,7 +376,7 @@ VNNI static void dot_q8_0_rows(size_t n, float *out, const uint8_t *rows, size_t
 		const __m256 dy = fp16x8(y->d);
 
 		for (int l = 0; l < (Q8_0_ROWS * (int)sizeof(struct eng_block_q8_0) + 63) / 64; l++)
-			_mm_prefetch((const char *)pf + 64 * l, _MM_HINT_T1);
+			_mm_prefetch((const char *)pf + 64 * l, K_PREFETCH_HINT);
 		for (int r = 0; r < Q8_0_ROWS; r++) {
 			const struct eng_block_q8_0 *x =
 				(const struct eng_block_q8_0 *)(rows + (size_t)r * stride) + ib;
@@ -470,7 +470,7 @@ VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row
 
 		/* the lines of block i, 144 bytes: two or three */
 		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
 
 		/* [d, dmin] * y.d: y.d * d rounds the same either way round */
 		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const void *)&x[i].d)),
@@ -655,7 +655,7 @@ VBMI static void dot1_q6_k(size_t n, float *out, const struct eng_block_q6_k *x,
 		__m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
 
 		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
 #pragma GCC unroll 2
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const __m512i b = _mm512_loadu_si512(x[i].ql + 64 * h);

@@ -70,7 +70,7 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, const str
 
 		/* the lines of block i of that row: three (144 or 176 bytes) */
 		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * bsize + 64 * l, _MM_HINT_T1);
+			_mm_prefetch(pf + i * bsize + 64 * l, K_PREFETCH_HINT);
 
 		uint64_t sc, mn;
 
@@ -291,7 +291,7 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 
 		k4_scales_mins(x[i].scales, &sc, &mn);
 		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
 		KR_NAME(q4_k_block_tn)(&x[i], k_scales(sc), mn, ys, i, &T[i], tn, acc, acc_m);
 	}
 	for (unsigned t = 0; t < tn; t++) {
@@ -339,7 +339,7 @@ KR_NAME(dot_q6_k)(size_t n, float *out, const void *w, const void *a, const int1
 		/* the lines of block i of that row, 210 bytes: four or five (the
 		 * fifth is the next block's first) */
 		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
 
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
@@ -428,7 +428,7 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 		__m256i sumi[KR_TOKENS], corr = _mm256_setzero_si256();
 
 		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
 		for (unsigned t = 0; t < tn; t++)
 			sumi[t] = _mm256_setzero_si256();
 		/* The block's quants are made first, all four pairs of chunks
@@ -598,7 +598,7 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		__m256i sumi[KR_TOKENS];
 
 		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, _MM_HINT_T1);
+			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
 		for (unsigned t = 0; t < tn; t++)
 			sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
