@@ -286,7 +286,7 @@ _Static_assert(sizeof(struct q8_0s) * 4 <= ENG_PACK8_BYTES(4 * ENG_QK8_0), "q8_0
  * The hint is T0 (into L1 and L2) and the distance 8 rows (18 KB of
  * 4096-column Q4_K, 80 KB of 12288-column Q6_K).  T1 at 16 rows, measured
  * 4-11% faster than no prefetch on an Intel Xeon, put the lines in L2 only
- * on the Zen 5 (as from Zen 4 on), and read 3-7% slower there whenever the
+ * on the Zen 5 (as from Zen 4 on), and read 1-6% slower there whenever the
  * memory was fast: two threads of the Q4_K and Q6_K one-row kernels, from
  * memory, T1 at 16 rows against T0 at 8 (docs/benchmarks.md, issue 16,
  * session 49).  NTA was as fast at 4096 columns and slower at 12288: its
