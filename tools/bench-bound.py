@@ -19,6 +19,14 @@ the page cache, then runs
                bound (the machine's memory read rate over the weight bytes a
                token reads, measured in the same run), their ratio, and the
                paired ratio (each token against a memory pass just before it);
+  steady       the memory read rate also before it (`strata bench -m M -p 0
+               -n 0 --json`): where that is within 5% of the run's own (read
+               right after its tokens), the round held one memory speed
+               through them, and its fraction is set against the mean of the
+               two rates; else "-".  The fraction column cannot tell a memory
+               that changed speed during the run (this machine's switches
+               every few minutes between 45-50 and 70-83 GB/s) from decode at
+               that fraction; this one drops such rounds;
   llama NAME   `llama-bench -m M -p 0 -n TOKENS -r 1` of each build given: its
                decode tok/s, set against the bound strata measured in the same
                round (llama.cpp reads the same weight bytes a token); with
@@ -81,23 +89,42 @@ def fmt(v, d=2):
     return f"{statistics.median(v):.{d}f} ({', '.join(f'{x:.{d}f}' for x in v)})"
 
 
-print(f"| shape | {a.type} GiB | strata tok/s | bound tok/s | fraction | paired | "
+def steady(js, before):
+    """The round's fraction against the mean of the memory read rate read
+    before its tokens and the run's own (after them), or None where the two
+    differ by 5% or more."""
+    after = js["mem_read_gbps"]
+    if not before or not after or abs(after - before) >= 0.05 * max(after, before):
+        return None
+    return js["decode_tps"] * js["token_weight_bytes"] / ((before + after) / 2 * 1e9)
+
+
+def fmt_steady(v):
+    kept = [x for x in v if x is not None]
+    runs = ", ".join("-" if x is None else f"{x:.3f}" for x in v)
+    return f"{statistics.median(kept):.3f} ({runs})" if kept else f"- ({runs})"
+
+
+print(f"| shape | {a.type} GiB | strata tok/s | bound tok/s | fraction | paired | steady | "
       + " | ".join(f"llama.cpp {n} tok/s | its fraction" for n in llamas) + " |")
-print("|---|---|---|---|---|---|" + "---|---|" * len(llamas), flush=True)
+print("|---|---|---|---|---|---|---|" + "---|---|" * len(llamas), flush=True)
 for shape in a.shape:
     path = os.path.join(a.dir, f"{shape}-{a.type}.gguf")
     made = not os.path.exists(path)
     if made:
         run([MKMODEL, "--shape", shape, "--type", a.type, "-o", path])
     uncache(path)
-    res = {"tps": [], "bound": [], "frac": [], "paired": []}
+    res = {"tps": [], "bound": [], "frac": [], "paired": [], "steady": []}
     lres = {n: ([], []) for n in llamas}
     try:
         for _ in range(a.rounds):
             with bench_lock():
                 warm(path)
+                before = json.loads(run([STRATA, "bench", "-m", path, "-p", "0", "-n", "0",
+                                         "-t", str(a.threads), "--json"]))["mem_read_gbps"]
                 js = json.loads(run([STRATA, "bench", "-m", path, "-p", "0", "-n",
                                      str(a.tokens), "-t", str(a.threads), "--json"]))
+            res["steady"].append(steady(js, before))
             res["tps"].append(js["decode_tps"])
             res["bound"].append(js["decode_bound_tps"])
             res["frac"].append(js["decode_fraction"])
@@ -117,5 +144,5 @@ for shape in a.shape:
             os.unlink(path)
     size = js["model_bytes"] / (1 << 30)
     print(f"| {shape} | {size:.2f} | {fmt(res['tps'])} | {fmt(res['bound'])} | "
-          f"{fmt(res['frac'], 3)} | {fmt(res['paired'], 3)} | "
+          f"{fmt(res['frac'], 3)} | {fmt(res['paired'], 3)} | {fmt_steady(res['steady'])} | "
           + " | ".join(f"{fmt(t)} | {fmt(f, 3)}" for t, f in lres.values()) + " |", flush=True)
