@@ -307,7 +307,7 @@ int cmd_bench(int argc, char **argv)
 	int32_t *ids = NULL;
 	float *logits = NULL;
 	double t0, t1, t2, pp_tps = 0, tg_tps = 0;
-	uint64_t rss, tok_bytes;
+	uint64_t rss, huge, tok_bytes;
 	bool mem_ok, io_ok;
 	double bound = 0, stream = 0, frac = 0, pair_frac = 0, pair_gbps = 0;
 	double repack_gain = 0;
@@ -440,6 +440,7 @@ int cmd_bench(int argc, char **argv)
 	}
 	/* Before the memory measurement allocates its buffer. */
 	rss = peak_rss_bytes();
+	huge = session_huge_mapped_bytes(&s);
 	/* Whether strata-repack would pay here: a hardware measurement, and a
 	 * copy of some of the weights, so not with --no-hw nor under a pager's
 	 * budget */
@@ -487,6 +488,7 @@ int cmd_bench(int argc, char **argv)
 		       ", \"model_bytes\": %" PRIu64 ", \"token_weight_bytes\": %" PRIu64,
 		       o.n_prompt, produced, o.threads, pp_tps, tg_tps, rss, s.hp->weight_bytes,
 		       tok_bytes);
+		printf(", \"huge_mapped_bytes\": %" PRIu64, huge);
 		printf(", \"warmup\": %ld, \"decode_tokens\": \"%s\"", o.warmup,
 		       o.random_tokens ? "random" : "greedy");
 		printf(", \"n_ctx\": %u, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
@@ -561,6 +563,8 @@ int cmd_bench(int argc, char **argv)
 			printf("pass         %2u positions  %.4f s  (%.2fx the %u-position pass)\n",
 			       passes[i].n, passes[i].s, passes[i].s / passes[0].s, passes[0].n);
 		printf("peak RSS     %.1f MiB\n", rss / 1048576.0);
+		printf("huge-mapped  %.1f MiB of the weights' mapping in 2 MiB pages\n",
+		       huge / 1048576.0);
 		if (repack_rc == 0 && repack_gain >= REPACK_PAYS)
 			printf("hint         its Q4_0 matrices read %.2fx as fast repacked (%s kernels), "
 			       "with the same results: strata-repack %s OUT.gguf\n",

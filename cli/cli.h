@@ -151,6 +151,9 @@ void session_produced(struct session *s, uint32_t passes, uint32_t tokens);
  * (eng_spec_step: several tokens into out, room for 32); counted. */
 int session_step(struct session *s, struct eng_sampler *sm, int32_t last, float *logits,
 		 int32_t *out, uint32_t *n_out);
+/* Bytes of the weights' mapping reached through 2 MiB page-table entries
+ * (smaps' FilePmdMapped + ShmemPmdMapped); walks the page tables. */
+uint64_t session_huge_mapped_bytes(const struct session *s);
 
 double now_s(void);  /* CLOCK_MONOTONIC, seconds */
 double unix_s(void); /* wall-clock time, to line a trace up with other logs */

@@ -15,10 +15,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,6 +86,38 @@ static uint64_t anon_rss_bytes(void)
 			break;
 	fclose(f);
 	return (uint64_t)kb * 1024;
+}
+
+/*
+ * Whether weights of w bytes fit in the memory this process may still use
+ * (hwbench_mem_headroom), with some to spare: then they stay in memory once
+ * read, and what is left after them is the context's.
+ */
+#define WEIGHTS_SPARE ((uint64_t)64 << 20)
+
+static bool weights_fit(const struct hwbench_headroom *room, uint64_t w)
+{
+	return room->bytes > w + WEIGHTS_SPARE;
+}
+
+/*
+ * A plain mapping of weights that fit is read from memory every token once
+ * the first pass has faulted it in.  Ask the kernel to read the pages it
+ * lacks as 2 MiB folios and map each one whole (MADV_HUGEPAGE): without the
+ * advice a fault reads around itself in small folios, mapped 4 KiB at a
+ * time, and decode reads the same bytes a few percent slower.  Pages the
+ * page cache holds already keep their size.  Weights that do not fit stream
+ * from the file, where every miss would read 4 MiB of which a sparse reader
+ * (an expert's rows) wants less: they keep the read-around.  Advice only: a
+ * kernel without transparent huge pages refuses it and nothing changes.
+ * docs/design.md, "The plain mapping and huge pages", has the numbers.
+ */
+static void advise_huge_pages(const struct session *s)
+{
+	struct hwbench_headroom room;
+
+	if (!hwbench_mem_headroom("", &room) && weights_fit(&room, s->hp->weight_bytes))
+		(void)madvise((void *)s->base, s->size, MADV_HUGEPAGE);
 }
 
 #define CTX_MIN 256 /* the smallest context sized to memory */
@@ -214,11 +248,11 @@ static int size_context(struct session *s, const struct opts *o, struct eng_ctx_
 	} else {
 		if (hwbench_mem_headroom("", &room))
 			return 0; /* the default context */
-		bool weights_fit = room.bytes > w + ((uint64_t)64 << 20);
+		bool fit = weights_fit(&room, w);
 
-		budget = weights_fit ? room.bytes - w : room.bytes / 4;
-		why = weights_fit ? "the memory left after the weights"
-				  : "a quarter of the memory left (the weights do not fit)";
+		budget = fit ? room.bytes - w : room.bytes / 4;
+		why = fit ? "the memory left after the weights"
+			  : "a quarter of the memory left (the weights do not fit)";
 	}
 	/* --parallel: as many contexts, sharing the room */
 	unsigned n_seq = o->n_parallel > 1 ? (unsigned)o->n_parallel : 1;
@@ -330,6 +364,8 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	s->tok = eng_model_tokenizer(s->model);
 	if (!want_ctx)
 		return 0;
+	if (!s->pc)
+		advise_huge_pages(s);
 	s->own_bytes = anon_rss_bytes();
 	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch,
 				     .type_k = o->type_k, .type_v = o->type_v };
@@ -576,6 +612,38 @@ uint64_t peak_rss_bytes(void)
 
 	getrusage(RUSAGE_SELF, &ru);
 	return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+/*
+ * How many bytes of the weights' mapping the process reaches through 2 MiB
+ * page-table entries (FilePmdMapped and ShmemPmdMapped of its mappings in
+ * /proc/self/smaps): the plain mapping's large folios, or a pager memfd's
+ * huge pages.  Decode from memory reads a few percent faster through them
+ * (advise_huge_pages), so a benchmark says how much it had.  Walks the
+ * page tables: not for a timed interval.  0 where /proc cannot tell.
+ */
+uint64_t session_huge_mapped_bytes(const struct session *s)
+{
+	uintptr_t lo = (uintptr_t)s->base, hi = lo + s->size;
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[PATH_MAX + 256]; /* a mapping's line ends in its path */
+	bool inside = false;
+	uint64_t total = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long start, end;
+		unsigned long long kb;
+
+		if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
+			inside = start < hi && end > lo;
+		else if (inside && (sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1 ||
+				    sscanf(line, "ShmemPmdMapped: %llu kB", &kb) == 1))
+			total += (uint64_t)kb * 1024;
+	}
+	fclose(f);
+	return total;
 }
 
 /* Read all of a stream into a NUL-terminated buffer. */

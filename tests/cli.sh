@@ -153,7 +153,7 @@ fi
 # 5. bench --json carries the fields scripts read, and the machine's
 # bandwidths with the bound they put on decoding (sane, not exact, values).
 "$S" bench -m "$F/models/stories260K.gguf" -p 8 -n 4 --json >"$T/b.json"
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["prompt_tps"]>0 and d["decode_tps"]>0 and d["peak_rss_bytes"]>0' "$T/b.json"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["prompt_tps"]>0 and d["decode_tps"]>0 and d["peak_rss_bytes"]>0 and 0 <= d["huge_mapped_bytes"] <= d["model_bytes"] and d["huge_mapped_bytes"] % (2 << 20) == 0' "$T/b.json"
 check "bench --json fields" $?
 python3 - "$T/b.json" <<'PY'
 import json, sys

@@ -13,7 +13,9 @@ into 2 MiB folios and mapped 2 MiB at a time; one in tmpfs (/dev/shm) is
 mapped in 4 KiB pages where transparent huge pages are off for shmem (this
 machine's default), which cost gemma2-9b and qwen35-9b 3-4% of the bound
 (docs/benchmarks.md, issue 16, session 31).  Each round reads the file into
-the page cache, then runs
+the page cache (read(2) in 64 MiB pieces: its readahead grows the folios to
+2 MiB; the "huge" column is the share of the model's bytes the engine then
+reached by 2 MiB page-table entries, the median over the rounds), then runs
 
   strata       `strata bench -m M -p 0 -n TOKENS --json`: decode tok/s, the
                bound (the machine's memory read rate over the weight bytes a
@@ -71,10 +73,10 @@ def run(cmd):
 
 def uncache(path):
     """Drop path's pages from the page cache (written back first), so that the
-    first round's reading brings the file in as a downloaded model's load
-    does: by readahead, which puts it in large folios that the engine's
-    mapping takes 2 MiB at a time.  The pages strata-mkmodel just wrote are
-    small ones.  (On tmpfs the pages are the file: nothing changes.)"""
+    first round's reading brings the file in as large folios, which the
+    engine's mapping takes 2 MiB at a time.  The pages strata-mkmodel just
+    wrote are small ones.  (On tmpfs the pages are the file: nothing
+    changes.)"""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fdatasync(fd)
@@ -105,16 +107,16 @@ def fmt_steady(v):
     return f"{statistics.median(kept):.3f} ({runs})" if kept else f"- ({runs})"
 
 
-print(f"| shape | {a.type} GiB | strata tok/s | bound tok/s | fraction | paired | steady | "
+print(f"| shape | {a.type} GiB | huge | strata tok/s | bound tok/s | fraction | paired | steady | "
       + " | ".join(f"llama.cpp {n} tok/s | its fraction" for n in llamas) + " |")
-print("|---|---|---|---|---|---|---|" + "---|---|" * len(llamas), flush=True)
+print("|---|---|---|---|---|---|---|---|" + "---|---|" * len(llamas), flush=True)
 for shape in a.shape:
     path = os.path.join(a.dir, f"{shape}-{a.type}.gguf")
     made = not os.path.exists(path)
     if made:
         run([MKMODEL, "--shape", shape, "--type", a.type, "-o", path])
     uncache(path)
-    res = {"tps": [], "bound": [], "frac": [], "paired": [], "steady": []}
+    res = {"tps": [], "bound": [], "frac": [], "paired": [], "steady": [], "huge": []}
     lres = {n: ([], []) for n in llamas}
     try:
         for _ in range(a.rounds):
@@ -126,6 +128,7 @@ for shape in a.shape:
                                      str(a.tokens), "-t", str(a.threads), "--json"]))
             res["steady"].append(steady(js, before))
             res["tps"].append(js["decode_tps"])
+            res["huge"].append(js["huge_mapped_bytes"] / js["model_bytes"])
             res["bound"].append(js["decode_bound_tps"])
             res["frac"].append(js["decode_fraction"])
             res["paired"].append(js["paired_fraction"])
@@ -143,6 +146,7 @@ for shape in a.shape:
         if made and not a.keep:
             os.unlink(path)
     size = js["model_bytes"] / (1 << 30)
-    print(f"| {shape} | {size:.2f} | {fmt(res['tps'])} | {fmt(res['bound'])} | "
+    huge = statistics.median(res["huge"])
+    print(f"| {shape} | {size:.2f} | {huge:.2f} | {fmt(res['tps'])} | {fmt(res['bound'])} | "
           f"{fmt(res['frac'], 3)} | {fmt(res['paired'], 3)} | {fmt_steady(res['steady'])} | "
           + " | ".join(f"{fmt(t)} | {fmt(f, 3)}" for t, f in lres.values()) + " |", flush=True)
