@@ -13,8 +13,9 @@ is read:
   streams  in a memory cgroup of LIMIT, under the weights plus the 64 MiB
            the engine keeps spare (WEIGHTS_SPARE): no "hg".
 
-Both servers must come to "ok": the advice (or its absence) stops nothing.  Needs transparent huge pages in the kernel, and root
-with the v1 memory controller for the second case; skips (77) otherwise.
+Both servers must come to "ok": the advice (or its absence) stops nothing.
+Needs transparent huge pages in the kernel, and root with the v1 memory
+controller; skips (77) otherwise.
 """
 import http.client, json, os, re, subprocess, sys, time
 
