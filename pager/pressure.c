@@ -314,6 +314,8 @@ void pager_on_tick(struct pager *p)
 		pager_budget_follow(p);
 		pager_predict_tick(p);
 	}
+	for (unsigned i = 0; i < p->n_models; i++)
+		pager_demand_retry(&p->models[i]); /* the ones a slot kept waiting */
 	if (p->cfg.no_pressure)
 		return;
 	sample_rate(ps, now);

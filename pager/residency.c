@@ -282,7 +282,8 @@ uint64_t pager_allowance(const struct model *m)
  * were never filled, once the layer leaves; the slot takes the next layer
  * when every client has answered.  A layer that finds no slot free (clients
  * far apart), a resident layer and unit 0 are read into the memfd as
- * before.  Slots are the engines' alone: with a mount, the memfd also
+ * before; but a layer a client waits for waits for a slot on its way
+ * rather than go beyond the allowance (pager_demand).  Slots are the engines' alone: with a mount, the memfd also
  * serves its reads at the file's offsets, and such a daemon has none.
  *
  * With expert units the layers' cores are resident and the experts take
@@ -654,6 +655,58 @@ int pager_load(struct model *m, unsigned u)
 	return pager_load_at(m, u, find_slot(m, u));
 }
 
+/*
+ * A demand miss (uffd.c): a client waits for layer unit u, which the
+ * window did not bring in.  With no slot free it would go to the memfd, a
+ * layer beyond the allowance if the slots already take their share.  An
+ * engine slowed down (two cores shared with other work, its REMAPs
+ * answered late) took the daemon 46 MiB over its allowance that way, and
+ * was killed in its memory cgroup (the kernel's report of an OOM in
+ * tests/pager_budget.py: 210 MiB of shmem against an allowance of 164 MiB,
+ * the engine's 40 MiB beside it).  So while a slot is on its way (its
+ * unit's REMAPs back are out), u waits for it: pager_slot_vacated advances
+ * the policy, which reads u there first, since it is where the client is.
+ * Not forever: a client that never answers (stopped) must not stop the
+ * others, so after DEMAND_WAIT_NS u goes to the memfd as before.
+ */
+#define DEMAND_WAIT_NS 1000000000ull
+
+int pager_demand(struct model *m, unsigned u)
+{
+	struct ustat *us = &m->us[u];
+	uint64_t now = pager_now_ns();
+
+	if (us->state != U_ABSENT)
+		return 0;
+	if (u != 0 && !us->resident && m->slots_vacating && find_slot(m, u) < 0 &&
+	    pager_held(m) + load_cost(m, u) > pager_allowance(m)) {
+		if (!us->demand_ns)
+			us->demand_ns = now;
+		if (now - us->demand_ns < DEMAND_WAIT_NS)
+			return 0;
+	}
+	return pager_load(m, u);
+}
+
+static bool held_by_consumer(const struct model *m, unsigned u);
+
+/* The units pager_demand left waiting: read them if they may go now, and
+ * forget those nobody waits for any more. */
+void pager_demand_retry(struct model *m)
+{
+	for (unsigned u = 1; u <= m->lay->n_layers; u++) {
+		if (!m->us[u].demand_ns || m->us[u].state != U_ABSENT)
+			continue;
+		if (!held_by_consumer(m, u)) {
+			m->us[u].demand_ns = 0;
+			continue;
+		}
+		if (pager_demand(m, u))
+			for (unsigned i = 0; i < m->p->n_consumers; i++)
+				m->p->consumers[i]->unit_failed(m, u);
+	}
+}
+
 int pager_load_at(struct model *m, unsigned u, int slot)
 {
 	const struct pager_unit *un = &m->lay->units[u];
@@ -668,6 +721,7 @@ int pager_load_at(struct model *m, unsigned u, int slot)
 		return -ENOMEM;
 	*tag = (struct io_tag){ .m = m, .u = u, .kind = IO_LOAD };
 	m->us[u].state = U_LOADING;
+	m->us[u].demand_ns = 0;
 	m->us[u].reads_left = 1; /* held until every chunk is queued */
 	m->us[u].io_err = 0;
 	m->us[u].loads++;
@@ -1042,6 +1096,7 @@ void pager_policy_advance(struct model *m)
 		if (pager_load(m, u))
 			break;
 	}
+	pager_demand_retry(m);
 	pager_experts_advance(m);
 }
 

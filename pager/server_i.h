@@ -48,6 +48,8 @@ struct ustat {
 	unsigned reads_left;
 	unsigned punches_left;
 	bool want_load;     /* load again once the eviction completes */
+	uint64_t demand_ns; /* a client waits for it, and it waits for a slot, since
+			     * (pager_demand; 0: not waiting) */
 	int io_err;
 	uint8_t pc;         /* enum pcstate */
 	uint8_t pc_job;     /* enum pcjob */
@@ -359,6 +361,12 @@ enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD, EV_FUS
 /* Read unit u (absent) into a free slot if it streams and one is free, else
  * into the memfd; or (pager_load_at) into slot (-1: the memfd). */
 int pager_load(struct model *m, unsigned u);
+/* Unit u (a layer, absent) is what a client waits for: read it now, or
+ * once a slot is free if only the memfd has room and that is beyond the
+ * allowance (pager_demand_retry, on every step of the policy and every
+ * tick, takes it up again). */
+int pager_demand(struct model *m, unsigned u);
+void pager_demand_retry(struct model *m);
 int pager_load_at(struct model *m, unsigned u, int slot);
 uint64_t pager_allowance(const struct model *m);
 /* What the engines declared: the connected ones', or while none of them has,

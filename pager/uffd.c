@@ -537,7 +537,7 @@ static void on_fault(struct client *c, uint64_t addr, bool minor)
 	} else if (m->us[u].state == U_ABSENT) {
 		/* A demand miss: the window did not cover it.  Make room. */
 		pager_policy_advance(m);
-		if (m->us[u].state == U_ABSENT && pager_load(m, u))
+		if (pager_demand(m, u))
 			pager_drop_client(c, "the model file could not be read");
 	}
 }
