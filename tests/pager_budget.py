@@ -38,13 +38,13 @@ cg = os.path.join(CG_ROOT, f"strata-test-{os.getpid()}")
 model = os.path.join(tmp, "m.gguf")
 sock = os.path.join(tmp, "s.sock")
 mnt = os.path.join(tmp, "mnt")
-failed = False
+failed = 0  # checks failed so far
 
 
 def check(name, ok, detail=""):
     global failed
     print(("ok " if ok else "FAIL ") + name + ("" if ok else f": {detail}"))
-    failed |= not ok
+    failed += not ok
 
 
 def into_cgroup():
@@ -62,6 +62,7 @@ def serve_and_run(kind):
     a fresh cgroup; the engine maps the model through the pager ("uffd",
     "auto": the budget from the cgroup) or the mount ("fuse": plain mmap)."""
     fuse = kind == "fuse"
+    failed_before = failed
     os.mkdir(cg)
     with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
         f.write(str(limit))
@@ -72,8 +73,10 @@ def serve_and_run(kind):
     args = ["--fuse", mnt, "--window", "1"] if fuse else []
     if kind != "auto":
         args += ["--budget", str(budget - ENGINE if fuse else budget)]
+    # its log in a file: a pipe nobody reads would stop a chatty daemon
+    log = open(os.path.join(tmp, f"stratad-{kind}.log"), "w+")
     daemon = subprocess.Popen([STRATAD, "--socket", sock, *args, model],
-                              preexec_fn=into_cgroup, stderr=subprocess.PIPE)
+                              preexec_fn=into_cgroup, stderr=log)
     try:
         end = time.monotonic() + 30
         while not os.path.exists(sock) and daemon.poll() is None and time.monotonic() < end:
@@ -98,6 +101,17 @@ def serve_and_run(kind):
         check(f"{kind}: the daemon is alive", daemon.poll() is None)
         check(f"{kind}: peak usage stayed under the limit", peak < limit, f"{peak} >= {limit}")
         check(f"{kind}: no allocation failed in the cgroup", failcnt == 0, str(failcnt))
+        if failed > failed_before:
+            # what the memory was, for whoever reads the failure
+            with open(os.path.join(cg, "memory.stat")) as f:
+                ms = dict(l.split() for l in f)
+            print(f"{kind}: the cgroup now: " + ", ".join(
+                f"{k} {int(ms[k]) >> 20} MiB" for k in ("rss", "shmem", "cache", "mapped_file")))
+            print(f"{kind}: the daemon held {st['memfd_bytes'] >> 20} MiB in its memfd, "
+                  f"{st['slot_bytes'] >> 20} MiB in slots; allowance "
+                  f"{st['allowance_bytes'] >> 20} MiB")
+            log.seek(0)
+            print(f"{kind}: the daemon's log, its end:\n" + "".join(log.readlines()[-20:]))
         if kind == "auto":
             b = top["budget"]
             check("auto: the budget is the cgroup's limit less the reserve",
@@ -119,6 +133,7 @@ def serve_and_run(kind):
         if daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(10)
+        log.close()
         # empty the cgroup (our children are gone) and remove it
         os.rmdir(cg)
 
