@@ -7,6 +7,10 @@
   share       two engines on one model share its pages (one copy in memory)
   share-streaming  two engines streaming one model at once through the slots
               get bit-identical logits
+  slow-remaps  an engine streaming under a tight budget beside a client that
+              answers its REMAPs late: a layer it faults on waits for a slot
+              on its way, never read into the memfd past the allowance;
+              logits bit-identical
   garbage     clients sending garbage, truncated messages or stray file
               descriptors are dropped; the daemon keeps serving
   kill-engine killing an engine mid-run leaves the daemon serving the next one
@@ -76,12 +80,13 @@ the fault:
               and logged; a same-user client is served
 
 Every wait is for a condition (a status field, a line of output, a process
-exit) with a deadline, never a fixed sleep.
+exit) with a deadline, never a fixed sleep (slow-remaps' late client sleeps
+to be late, which is what it tests).
 
 usage: pager_test.py [CASE ...]   (none: every case but the fault-injection
        ones; "faults": those)
 """
-import json, os, signal, socket, struct, subprocess, sys, tempfile, time
+import json, os, signal, socket, struct, subprocess, sys, tempfile, threading, time
 
 BUILD = os.environ["STRATA_BUILD"]
 FIX = os.environ["STRATA_FIXTURES"]
@@ -302,6 +307,82 @@ def case_share_streaming():
           " ".join(errs))
     check("share-streaming: the layers streamed through the slots", st["slot_loads"] > 0,
           str(st["slot_loads"]))
+
+
+def case_slow_remaps():
+    """An engine streaming under a tight budget beside a client that answers
+    its REMAPs late, as an engine whose remapper thread is starved of CPU
+    does: the slots are vacated late, and a layer the engine faults on then
+    waits for one rather than be read into the memfd past the model's
+    allowance.  Every load of a streamed layer goes into a slot, and the
+    logits are the plain run's."""
+    # layers (32 MiB) larger than the rest of the allowance below, the
+    # embedding's block cache (9 MiB) and half a layer
+    m = os.path.join(TMP, "llama-1b-8.gguf")
+    subprocess.run([MKMODEL, "--shape", "llama-1b", "--layers", "8", "--vocab", "8000",
+                    "--type", "q4_0", "-o", m], check=True, capture_output=True)
+    name = os.path.basename(m)
+    toks = "1,2,3,4"
+    plain = os.path.join(TMP, "slowremaps.plain")
+    run_eval(m, toks, plain, opts=("-b", "1"))
+    # the budget: what streaming needs, what the engine declares and half a
+    # layer (its heap varies by a page or two)
+    d = Daemon([m])
+    run_eval(m, toks, os.path.join(TMP, "slowremaps.probe"), d.sock, ("-b", "1"))
+    st = d.model(name)
+    need = st["minimum_bytes"] + d.status()["declared_bytes"] + st["slot_size"] // 2
+    d.stop()
+    # A first run under it: its declaration stays set aside once it exits,
+    # so the run below finds no layer resident (read into the memfd) that
+    # its own declaration would evict.
+    d = Daemon([m], "--budget", str(need))
+    first = run_eval(m, toks, os.path.join(TMP, "slowremaps.first"), d.sock, ("-b", "1"))
+    mp = {}
+    s, keep = uffd_session(d.sock, name.encode(), mp)
+    stop = threading.Event()
+    answered = []
+
+    def answer_late():
+        """Each REMAP carried out and answered 50 ms after it came (the
+        slowness under test, not a wait for anything)."""
+        s.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                data = s.recv(70000)
+            except socket.timeout:
+                continue
+            if not data:
+                return
+            if struct.unpack_from("<H", data, 6)[0] == 10:  # REMAP
+                time.sleep(0.05)
+                remap_by_hand(mp, data[16:])
+                s.send(hdr(11, 4) + data[16:20])  # REMAPPED(seq)
+                answered.append(1)
+
+    t = threading.Thread(target=answer_late)
+    t.start()
+    before = d.model(name)
+    out = os.path.join(TMP, "slowremaps.out")
+    r = run_eval(m, toks, out, d.sock, ("-b", "1"))
+    st = d.model(name)
+    stop.set()
+    t.join()
+    late_alive = len([c for c in d.model(name)["clients"] if c["kind"] == "uffd"]) == 1
+    s.close()
+    for fd in keep:
+        os.close(fd)
+    d.stop()
+    check("slow-remaps: the engine's logits are the plain run's",
+          first.returncode == 0 and r.returncode == 0 and
+          open(out, "rb").read() == open(plain, "rb").read(), (first.stderr + r.stderr)[-300:])
+    check("slow-remaps: the late client carried out REMAPs, and stayed served",
+          len(answered) > 0 and late_alive, f"{len(answered)} answered")
+    loads = sum(l["loads"] for l in st["layers"]) - sum(l["loads"] for l in before["layers"])
+    slot_loads = st["slot_loads"] - before["slot_loads"]
+    check("slow-remaps: every layer read went into a slot, none into the memfd",
+          loads > 0 and slot_loads == loads and all(l["state"] != "resident" for l in st["layers"]),
+          f"{slot_loads} of {loads} loads into slots; memfd {st['memfd_bytes']}, "
+          f"allowance {st['allowance_bytes']}")
 
 
 def raw_conn(sock):
@@ -1309,10 +1390,11 @@ UFFD_API = 0xc018aa3f
 UFFDIO_REGISTER = 0xc020aa00
 
 
-def uffd_session(sock, name):
+def uffd_session(sock, name, mapping=None):
     """A real engine's handshake done by hand: HELLO, the memfd mapped, a
     userfaultfd registered over it, REGISTER, READY.  Returns the socket,
-    still open, and what must stay alive with it."""
+    still open, and what must stay alive with it; a dict given as `mapping`
+    gets what a REMAP needs (base, memfd, slotfd, uffd)."""
     import ctypes, mmap
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
@@ -1330,7 +1412,7 @@ def uffd_session(sock, name):
         keep.append(struct.unpack("i", anc2[0][2][:4])[0])
     base = libc.mmap(None, map_size, mmap.PROT_READ, mmap.MAP_SHARED, memfd, 0)
     uffd = libc.syscall(323, os.O_CLOEXEC | os.O_NONBLOCK)  # userfaultfd(2)
-    api = bytearray(struct.pack("<QQQ", 0xaa, 1 << 10 | 1 << 7, 0))  # MINOR_SHMEM | EVENT_REMAP
+    api = bytearray(struct.pack("<QQQ", 0xaa, 1 << 10 | 1 << 2, 0))  # MINOR_SHMEM | EVENT_REMAP
     import fcntl
     fcntl.ioctl(uffd, UFFD_API, api)
     reg = bytearray(struct.pack("<QQQQ", base, map_size, 1 | 4, 0))  # MISSING | MINOR
@@ -1340,7 +1422,32 @@ def uffd_session(sock, name):
     ready = s.recv(100)
     assert struct.unpack_from("<H", ready, 6)[0] == 4, "READY"
     keep.append(uffd)
+    if mapping is not None:
+        mapping.update(base=base, memfd=memfd, slotfd=keep[1] if slots else -1, uffd=uffd)
     return s, keep
+
+
+def remap_by_hand(mp, payload):
+    """Carry out a REMAP as pager/client.c does: each range mapped afresh
+    (from the slots, or the model's memfd), registered with the uffd, and
+    moved into place."""
+    import ctypes, fcntl, mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                            ctypes.c_void_p]
+    n = struct.unpack_from("<I", payload, 4)[0]
+    for i in range(n):
+        off, ln, frm = struct.unpack_from("<QQQ", payload, 8 + 24 * i)
+        model = frm == (1 << 64) - 1
+        tmp = libc.mmap(None, ln, mmap.PROT_READ, mmap.MAP_SHARED,
+                        mp["memfd"] if model else mp["slotfd"], off if model else frm)
+        assert tmp not in (None, ctypes.c_void_p(-1).value), "mmap"
+        fcntl.ioctl(mp["uffd"], UFFDIO_REGISTER, bytearray(struct.pack("<QQQQ", tmp, ln, 1 | 4, 0)))
+        moved = libc.mremap(tmp, ln, ln, 1 | 2, mp["base"] + off)  # MAYMOVE | FIXED
+        assert moved == mp["base"] + off, "mremap"
 
 
 def moe_fixture(tag):
@@ -1727,7 +1834,7 @@ CASES = {"identical": case_identical, "share": case_share,
          "early-eof": case_early_eof, "changed": case_changed, "restart": case_restart,
          "kill-streaming": case_kill_streaming, "hostile": case_hostile,
          "experts": case_experts, "experts-shed": case_experts_shed,
-         "peercred": case_peercred}
+         "peercred": case_peercred, "slow-remaps": case_slow_remaps}
 
 # the fault-injection cases: their own meson test (pager-faults), run in
 # parallel with the others
