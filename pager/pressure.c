@@ -314,6 +314,7 @@ void pager_on_tick(struct pager *p)
 		pager_budget_follow(p);
 		pager_predict_tick(p);
 	}
+	pager_uffd_drop_stalled(p);
 	for (unsigned i = 0; i < p->n_models; i++)
 		pager_demand_retry(&p->models[i]); /* the ones a slot kept waiting */
 	if (p->cfg.no_pressure)

@@ -666,26 +666,18 @@ int pager_load(struct model *m, unsigned u)
  * the engine's 40 MiB beside it).  So while a slot is on its way (its
  * unit's REMAPs back are out), u waits for it: pager_slot_vacated advances
  * the policy, which reads u there first, since it is where the client is.
- * Not forever: a client that never answers (stopped) must not stop the
- * others, so after DEMAND_WAIT_NS u goes to the memfd as before.
+ * The slot comes: every client answers its REMAPs, or is dropped when one
+ * left another waiting too long (pager_uffd_drop_stalled).
  */
-#define DEMAND_WAIT_NS 1000000000ull
-
 int pager_demand(struct model *m, unsigned u)
 {
 	struct ustat *us = &m->us[u];
-	uint64_t now = pager_now_ns();
 
 	if (us->state != U_ABSENT)
 		return 0;
-	if (u != 0 && !us->resident && m->slots_vacating && find_slot(m, u) < 0 &&
-	    pager_held(m) + load_cost(m, u) > pager_allowance(m)) {
-		if (!us->demand_ns)
-			us->demand_ns = now;
-		if (now - us->demand_ns < DEMAND_WAIT_NS)
-			return 0;
-	}
-	return pager_load(m, u);
+	us->demand_waits = u != 0 && !us->resident && m->slots_vacating && find_slot(m, u) < 0 &&
+			   pager_held(m) + load_cost(m, u) > pager_allowance(m);
+	return us->demand_waits ? 0 : pager_load(m, u);
 }
 
 static bool held_by_consumer(const struct model *m, unsigned u);
@@ -695,10 +687,10 @@ static bool held_by_consumer(const struct model *m, unsigned u);
 void pager_demand_retry(struct model *m)
 {
 	for (unsigned u = 1; u <= m->lay->n_layers; u++) {
-		if (!m->us[u].demand_ns || m->us[u].state != U_ABSENT)
+		if (!m->us[u].demand_waits || m->us[u].state != U_ABSENT)
 			continue;
 		if (!held_by_consumer(m, u)) {
-			m->us[u].demand_ns = 0;
+			m->us[u].demand_waits = false;
 			continue;
 		}
 		if (pager_demand(m, u))
@@ -721,7 +713,7 @@ int pager_load_at(struct model *m, unsigned u, int slot)
 		return -ENOMEM;
 	*tag = (struct io_tag){ .m = m, .u = u, .kind = IO_LOAD };
 	m->us[u].state = U_LOADING;
-	m->us[u].demand_ns = 0;
+	m->us[u].demand_waits = false;
 	m->us[u].reads_left = 1; /* held until every chunk is queued */
 	m->us[u].io_err = 0;
 	m->us[u].loads++;

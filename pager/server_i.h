@@ -48,8 +48,7 @@ struct ustat {
 	unsigned reads_left;
 	unsigned punches_left;
 	bool want_load;     /* load again once the eviction completes */
-	uint64_t demand_ns; /* a client waits for it, and it waits for a slot, since
-			     * (pager_demand; 0: not waiting) */
+	bool demand_waits;  /* a client waits for it, and it for a slot (pager_demand) */
 	int io_err;
 	uint8_t pc;         /* enum pcstate */
 	uint8_t pc_job;     /* enum pcjob */
@@ -361,10 +360,10 @@ enum ev_kind { EV_LISTEN = 1, EV_SIGNAL, EV_IO, EV_PSI, EV_SOCK, EV_UFFD, EV_FUS
 /* Read unit u (absent) into a free slot if it streams and one is free, else
  * into the memfd; or (pager_load_at) into slot (-1: the memfd). */
 int pager_load(struct model *m, unsigned u);
-/* Unit u (a layer, absent) is what a client waits for: read it now, or
- * once a slot is free if only the memfd has room and that is beyond the
- * allowance (pager_demand_retry, on every step of the policy and every
- * tick, takes it up again). */
+/* Unit u (a layer, absent) is what a client waits for: read it now, or,
+ * if only the memfd has room and that is beyond the allowance, once a slot
+ * on its way is free (pager_demand_retry, on every step of the policy and
+ * every tick, takes it up again). */
 int pager_demand(struct model *m, unsigned u);
 void pager_demand_retry(struct model *m);
 int pager_load_at(struct model *m, unsigned u, int slot);
@@ -444,6 +443,10 @@ void pager_on_remapped(struct client *c, uint32_t seq);
 void pager_slots_forget(struct client *c);
 void pager_uffd_slot_in(struct model *m, unsigned u);
 unsigned pager_uffd_slot_out(struct model *m, unsigned u);
+/* Drop each client that has left a REMAP unanswered for REMAP_STALL_NS while
+ * another client of its model waits on a fault (from the tick). */
+#define REMAP_STALL_NS (5ull * 1000000000)
+void pager_uffd_drop_stalled(struct pager *p);
 
 /* pressure.c */
 /* Open the PSI trigger (p->pressure.fd).  0 or -errno. */

@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -283,6 +284,36 @@ unsigned pager_uffd_slot_out(struct model *m, unsigned u)
 		if (c->m == m && c->state == C_ACTIVE && !c->dead && c->view[u] != VIEW_MODEL)
 			send_remap(c, u, false);
 	return m->us[u].remaps_left;
+}
+
+/*
+ * A client that leaves its REMAPs unanswered (stopped: SIGSTOP, a debugger)
+ * holds up the slots it maps: a slot's next layer waits for every client's
+ * answer, and so does a layer on its way out that another engine faults on
+ * again.  That engine would wait for as long as the other is stopped.  So
+ * once a client has left a REMAP unanswered for REMAP_STALL_NS while another
+ * client of the model waits on a fault, it is dropped, which answers for it;
+ * when it runs again its watchdog finds the connection closed, with the
+ * reason, and the engine exits.  A live engine answers within a few
+ * milliseconds (1.5 ms on average in tests/pager_budget.py's runs here).
+ */
+void pager_uffd_drop_stalled(struct pager *p)
+{
+	uint64_t now = pager_now_ns();
+	char why[96];
+
+	snprintf(why, sizeof(why), "it left a REMAP unanswered for %llu s while another engine "
+				   "waited", REMAP_STALL_NS / 1000000000);
+	for (struct client *c = p->clients; c; c = c->next) {
+		if (c->state != C_ACTIVE || c->dead || !c->remaps || !c->remaps->sent ||
+		    now - c->remaps->sent_ns < REMAP_STALL_NS)
+			continue;
+		for (const struct client *o = p->clients; o; o = o->next)
+			if (o != c && o->m == c->m && o->n_waiting && !o->dead) {
+				pager_drop_client(c, why);
+				break;
+			}
+	}
 }
 
 /* A client that just registered: the units in slots are mapped from them. */
