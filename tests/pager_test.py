@@ -11,6 +11,9 @@
               answers its REMAPs late: a layer it faults on waits for a slot
               on its way, never read into the memfd past the allowance;
               logits bit-identical
+  stalled-remaps  the same beside a client that never answers: it is
+              dropped once it has held a REMAP 5 s while the engine waited;
+              the engine finishes bit-identical
   garbage     clients sending garbage, truncated messages or stray file
               descriptors are dropped; the daemon keeps serving
   kill-engine killing an engine mid-run leaves the daemon serving the next one
@@ -309,26 +312,26 @@ def case_share_streaming():
           str(st["slot_loads"]))
 
 
-def case_slow_remaps():
-    """An engine streaming under a tight budget beside a client that answers
-    its REMAPs late, as an engine whose remapper thread is starved of CPU
-    does: the slots are vacated late, and a layer the engine faults on then
-    waits for one rather than be read into the memfd past the model's
-    allowance.  Every load of a streamed layer goes into a slot, and the
-    logits are the plain run's."""
+def beside_late_client(tag, delay):
+    """An engine streaming under a tight budget beside a hand-made client
+    that carries out each REMAP `delay` seconds after it came (None: never).
+    Returns the engine's run, the model's status before and after it, how
+    many REMAPs the late client answered, whether the daemon still serves
+    it, and the plain run's logits file."""
     # layers (32 MiB) larger than the rest of the allowance below, the
     # embedding's block cache (9 MiB) and half a layer
     m = os.path.join(TMP, "llama-1b-8.gguf")
-    subprocess.run([MKMODEL, "--shape", "llama-1b", "--layers", "8", "--vocab", "8000",
-                    "--type", "q4_0", "-o", m], check=True, capture_output=True)
+    if not os.path.exists(m):
+        subprocess.run([MKMODEL, "--shape", "llama-1b", "--layers", "8", "--vocab", "8000",
+                        "--type", "q4_0", "-o", m], check=True, capture_output=True)
     name = os.path.basename(m)
     toks = "1,2,3,4"
-    plain = os.path.join(TMP, "slowremaps.plain")
+    plain = os.path.join(TMP, f"{tag}.plain")
     run_eval(m, toks, plain, opts=("-b", "1"))
     # the budget: what streaming needs, what the engine declares and half a
     # layer (its heap varies by a page or two)
     d = Daemon([m])
-    run_eval(m, toks, os.path.join(TMP, "slowremaps.probe"), d.sock, ("-b", "1"))
+    run_eval(m, toks, os.path.join(TMP, f"{tag}.probe"), d.sock, ("-b", "1"))
     st = d.model(name)
     need = st["minimum_bytes"] + d.status()["declared_bytes"] + st["slot_size"] // 2
     d.stop()
@@ -336,15 +339,16 @@ def case_slow_remaps():
     # so the run below finds no layer resident (read into the memfd) that
     # its own declaration would evict.
     d = Daemon([m], "--budget", str(need))
-    first = run_eval(m, toks, os.path.join(TMP, "slowremaps.first"), d.sock, ("-b", "1"))
+    first = run_eval(m, toks, os.path.join(TMP, f"{tag}.first"), d.sock, ("-b", "1"))
+    assert first.returncode == 0, first.stderr
     mp = {}
     s, keep = uffd_session(d.sock, name.encode(), mp)
     stop = threading.Event()
     answered = []
 
     def answer_late():
-        """Each REMAP carried out and answered 50 ms after it came (the
-        slowness under test, not a wait for anything)."""
+        """Each REMAP carried out and answered `delay` after it came (the
+        slowness under test, not a wait for anything), or never."""
         s.settimeout(0.1)
         while not stop.is_set():
             try:
@@ -353,36 +357,67 @@ def case_slow_remaps():
                 continue
             if not data:
                 return
-            if struct.unpack_from("<H", data, 6)[0] == 10:  # REMAP
-                time.sleep(0.05)
+            if struct.unpack_from("<H", data, 6)[0] == 10 and delay is not None:  # REMAP
+                time.sleep(delay)
                 remap_by_hand(mp, data[16:])
                 s.send(hdr(11, 4) + data[16:20])  # REMAPPED(seq)
                 answered.append(1)
 
     t = threading.Thread(target=answer_late)
     t.start()
-    before = d.model(name)
-    out = os.path.join(TMP, "slowremaps.out")
-    r = run_eval(m, toks, out, d.sock, ("-b", "1"))
-    st = d.model(name)
-    stop.set()
-    t.join()
-    late_alive = len([c for c in d.model(name)["clients"] if c["kind"] == "uffd"]) == 1
-    s.close()
-    for fd in keep:
-        os.close(fd)
-    d.stop()
-    check("slow-remaps: the engine's logits are the plain run's",
-          first.returncode == 0 and r.returncode == 0 and
-          open(out, "rb").read() == open(plain, "rb").read(), (first.stderr + r.stderr)[-300:])
+    try:
+        before = d.model(name)
+        out = os.path.join(TMP, f"{tag}.out")
+        r = run_eval(m, toks, out, d.sock, ("-b", "1"))
+        r.same = r.returncode == 0 and open(out, "rb").read() == open(plain, "rb").read()
+        st = d.model(name)
+    finally:
+        stop.set()
+        t.join()
+        s.close()
+        for fd in keep:
+            os.close(fd)
+        d.stop()
+    late_alive = len([c for c in st["clients"] if c["kind"] == "uffd"]) == 1
+    return r, before, st, len(answered), late_alive
+
+
+def layer_loads(before, st):
+    """Loads of the layers between two statuses, and of them into slots."""
+    return (sum(l["loads"] for l in st["layers"]) - sum(l["loads"] for l in before["layers"]),
+            st["slot_loads"] - before["slot_loads"])
+
+
+def case_slow_remaps():
+    """An engine streaming under a tight budget beside a client that answers
+    its REMAPs 50 ms late, as an engine whose remapper thread is starved of
+    CPU does: the slots are vacated late, and a layer the engine faults on
+    then waits for one rather than be read into the memfd past the model's
+    allowance.  Every layer read goes into a slot, and the logits are the
+    plain run's."""
+    r, before, st, answered, alive = beside_late_client("slowremaps", 0.05)
+    check("slow-remaps: the engine's logits are the plain run's", r.same, r.stderr[-300:])
     check("slow-remaps: the late client carried out REMAPs, and stayed served",
-          len(answered) > 0 and late_alive, f"{len(answered)} answered")
-    loads = sum(l["loads"] for l in st["layers"]) - sum(l["loads"] for l in before["layers"])
-    slot_loads = st["slot_loads"] - before["slot_loads"]
+          answered > 0 and alive, f"{answered} answered")
+    loads, slot_loads = layer_loads(before, st)
     check("slow-remaps: every layer read went into a slot, none into the memfd",
           loads > 0 and slot_loads == loads and all(l["state"] != "resident" for l in st["layers"]),
           f"{slot_loads} of {loads} loads into slots; memfd {st['memfd_bytes']}, "
           f"allowance {st['allowance_bytes']}")
+
+
+def case_stalled_remaps():
+    """The same beside a client that never answers (stopped): the slots it
+    maps never come free, and a layer on its way out that the engine needs
+    again would wait for it forever.  Once its oldest REMAP has waited
+    REMAP_STALL_NS (5 s) while the engine waits, the daemon drops it, with
+    the reason logged; the engine finishes with the plain run's logits."""
+    r, before, st, answered, alive = beside_late_client("stalledremaps", None)
+    check("stalled-remaps: the engine finishes with the plain run's logits", r.same,
+          r.stderr[-300:])
+    log = open(os.path.join(TMP, "stratad.log"), errors="replace").read()
+    check("stalled-remaps: the stalled client was dropped, and why logged",
+          not alive and "left a REMAP unanswered" in log, log[-300:])
 
 
 def raw_conn(sock):
@@ -1834,7 +1869,8 @@ CASES = {"identical": case_identical, "share": case_share,
          "early-eof": case_early_eof, "changed": case_changed, "restart": case_restart,
          "kill-streaming": case_kill_streaming, "hostile": case_hostile,
          "experts": case_experts, "experts-shed": case_experts_shed,
-         "peercred": case_peercred, "slow-remaps": case_slow_remaps}
+         "peercred": case_peercred, "slow-remaps": case_slow_remaps,
+         "stalled-remaps": case_stalled_remaps}
 
 # the fault-injection cases: their own meson test (pager-faults), run in
 # parallel with the others
