@@ -112,7 +112,7 @@ static void released(struct model *m, unsigned u)
 		if (pager_is_expert(m->lay, u))
 			pager_experts_demand(m, u); /* its room is the cache's */
 		else
-			pager_load(m, u);
+			pager_demand(m, u);
 	}
 }
 
