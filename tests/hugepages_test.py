@@ -20,6 +20,7 @@ controller; skips (77) otherwise.
 import http.client, json, os, re, subprocess, sys, time
 
 from cgroup_util import CG_ROOT, need_memory_cgroup
+from smaps_util import mappings
 
 MiB = 1 << 20
 LIMIT = 48 * MiB
@@ -46,15 +47,7 @@ def check(name, ok, detail=""):
 def model_vmflags(pid):
     """The VmFlags of the mapping of MODEL in process pid, or None."""
     real = os.path.realpath(MODEL)
-    inside = False
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            head = re.match(r"[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$", line)
-            if head:
-                inside = head.group(1) == real
-            elif inside and line.startswith("VmFlags:"):
-                return line.split()[1:]
-    return None
+    return next((f.get("VmFlags") for path, f in mappings(pid) if path == real), None)
 
 
 def serve(name, cgroup=None):

@@ -91,6 +91,8 @@ usage: pager_test.py [CASE ...]   (none: every case but the fault-injection
 """
 import json, os, signal, socket, struct, subprocess, sys, tempfile, threading, time
 
+from smaps_util import mappings
+
 BUILD = os.environ["STRATA_BUILD"]
 FIX = os.environ["STRATA_FIXTURES"]
 # the wire's version, as the C both sides are built from says it
@@ -255,18 +257,8 @@ def first_output(p, timeout=60):
 
 def mapping_rss_pss(pid, name):
     """Rss and Pss (kB) of the process's mappings of the memfd called name."""
-    rss = pss = 0
-    cur = False
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            first = line.split(maxsplit=1)[0]
-            if "-" in first and not first.endswith(":"):  # a mapping's header
-                cur = f"memfd:{name}" in line
-            elif cur and first == "Rss:":
-                rss += int(line.split()[1])
-            elif cur and first == "Pss:":
-                pss += int(line.split()[1])
-    return rss, pss
+    ours = [f for path, f in mappings(pid) if f"memfd:{name}" in path]
+    return sum(int(f["Rss"][0]) for f in ours), sum(int(f["Pss"][0]) for f in ours)
 
 
 def case_share():
