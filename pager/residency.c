@@ -283,8 +283,9 @@ uint64_t pager_allowance(const struct model *m)
  * when every client has answered.  A layer that finds no slot free (clients
  * far apart), a resident layer and unit 0 are read into the memfd as
  * before; but a layer a client waits for waits for a slot on its way
- * rather than go beyond the allowance (pager_demand).  Slots are the engines' alone: with a mount, the memfd also
- * serves its reads at the file's offsets, and such a daemon has none.
+ * rather than go beyond the allowance (pager_demand).  Slots are the
+ * engines' alone: with a mount, the memfd also serves its reads at the
+ * file's offsets, and such a daemon has none.
  *
  * With expert units the layers' cores are resident and the experts take
  * the slots instead, one an expert (its three slices' own pages), as many
@@ -656,18 +657,19 @@ int pager_load(struct model *m, unsigned u)
 }
 
 /*
- * A demand miss (uffd.c): a client waits for layer unit u, which the
- * window did not bring in.  With no slot free it would go to the memfd, a
- * layer beyond the allowance if the slots already take their share.  An
- * engine slowed down (two cores shared with other work, its REMAPs
- * answered late) took the daemon 46 MiB over its allowance that way, and
- * was killed in its memory cgroup (the kernel's report of an OOM in
- * tests/pager_budget.py: 210 MiB of shmem against an allowance of 164 MiB,
- * the engine's 40 MiB beside it).  So while a slot is on its way (its
- * unit's REMAPs back are out), u waits for it: pager_slot_vacated advances
- * the policy, which reads u there first, since it is where the client is.
- * The slot comes: every client answers its REMAPs, or is dropped when one
- * left another waiting too long (pager_uffd_drop_stalled).
+ * A client waits for layer unit u: a demand miss (uffd.c: the window did
+ * not bring it in), or a fault on it while it was evicted (released).  With
+ * no slot free it would go to the memfd, a layer beyond the allowance if
+ * the slots already take their share.  An engine slowed down (two cores
+ * shared with other work, its REMAPs answered late) took the daemon 46 MiB
+ * over its allowance that way, and was killed in its memory cgroup (the
+ * kernel's report of an OOM in tests/pager_budget.py: 210 MiB of shmem
+ * against an allowance of 164 MiB, the engine's 40 MiB beside it).  So
+ * while a slot is on its way (its unit's REMAPs back are out), u waits for
+ * it: pager_slot_vacated advances the policy, which reads u there first,
+ * since it is where the client is.  The slot comes: every client answers
+ * its REMAPs, or is dropped when one left another waiting too long
+ * (pager_uffd_drop_stalled).
  */
 int pager_demand(struct model *m, unsigned u)
 {
