@@ -320,7 +320,8 @@ static void on_sock(struct client *c)
 	ssize_t n;
 
 	n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+	const int err = n < 0 ? errno : 0;
+	if (n < 0 && (err == EAGAIN || err == EINTR))
 		return;
 	/* A failed recvmsg leaves msg_controllen as it was: the buffer then
 	 * holds stack garbage, perhaps an old message's descriptor numbers,
@@ -335,7 +336,9 @@ static void on_sock(struct client *c)
 	if (n <= 0) {
 		for (int i = 0; i < nfd; i++)
 			close(fds[i]);
-		pager_drop_client(c, n == 0 ? NULL : "read error on its socket");
+		/* EOF, or ECONNRESET: it closed with messages of ours unread
+		 * (an engine that exits with REMAPs queued); either way it left */
+		pager_drop_client(c, n == 0 || err == ECONNRESET ? NULL : "read error on its socket");
 		return;
 	}
 	if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || nfd > 1 ||
