@@ -112,33 +112,14 @@ static bool weights_fit(const struct hwbench_headroom *room, uint64_t w)
  * kernel without transparent huge pages refuses it and nothing changes.
  * docs/design.md, "The plain mapping and huge pages", has the numbers.
  */
-static void advise_huge_pages(const struct session *s)
+static void advise_huge_pages(const struct session *s, const struct hwbench_headroom *room)
 {
-	struct hwbench_headroom room;
-
-	if (!hwbench_mem_headroom("", &room) && weights_fit(&room, s->hp->weight_bytes))
+	if (weights_fit(room, s->hp->weight_bytes))
 		(void)madvise((void *)s->base, s->size, MADV_HUGEPAGE);
 }
 
 #define CTX_MIN 256 /* the smallest context sized to memory */
 
-/*
- * The context sized to memory (no -c): the largest that fits, from the
- * model's trained context down by halves, and at each size the best cache
- * type that fits (f16, then q8_0, then q4_0, for K and V alike; a type given
- * with -ctk/-ctv stays).  What it may take is the memory this process may
- * still use (hwbench_mem_headroom: the memory cgroup's room, or
- * MemAvailable) less the model's weights, which want to stay in memory too;
- * when they do not fit anyway (they will stream from the file), a quarter
- * of the room.  Through the pager, the daemon holds the weights and says
- * what its plan leaves this engine (pager_client_room): the --mode's room
- * for engines, which costs no resident layer, or where that is less than
- * the default context (min(trained, 4096)) needs, the default context, as
- * far as the most the daemon lets it declare.  The choice is told in one
- * line.  An explicit -c is checked against the whole room (the weights can
- * be paged out, the context cannot), through the pager against that most,
- * and refused with the numbers.  Returns 0 or an exit status.
- */
 static int spec_decode(void *arg, const int32_t *ids, size_t n, float *logits, bool all)
 {
 	return session_decode(arg, ids, n, logits, all);
@@ -220,7 +201,26 @@ static int open_spec(struct session *s, const struct opts *o)
 	return 0;
 }
 
-static int size_context(struct session *s, const struct opts *o, struct eng_ctx_config *cc)
+/*
+ * The context sized to memory (no -c): the largest that fits, from the
+ * model's trained context down by halves, and at each size the best cache
+ * type that fits (f16, then q8_0, then q4_0, for K and V alike; a type given
+ * with -ctk/-ctv stays).  What it may take is the memory this process may
+ * still use (plain: hwbench_mem_headroom's reading, the memory cgroup's room
+ * or MemAvailable; NULL where it cannot be told, and then the default
+ * context) less the model's weights, which want to stay in memory too;
+ * when they do not fit anyway (they will stream from the file), a quarter
+ * of the room.  Through the pager, the daemon holds the weights and says
+ * what its plan leaves this engine (pager_client_room): the --mode's room
+ * for engines, which costs no resident layer, or where that is less than
+ * the default context (min(trained, 4096)) needs, the default context, as
+ * far as the most the daemon lets it declare.  The choice is told in one
+ * line.  An explicit -c is checked against the whole room (the weights can
+ * be paged out, the context cannot), through the pager against that most,
+ * and refused with the numbers.  Returns 0 or an exit status.
+ */
+static int size_context(struct session *s, const struct opts *o, struct eng_ctx_config *cc,
+			const struct hwbench_headroom *plain)
 {
 	struct hwbench_headroom room;
 	char err[256];
@@ -246,8 +246,9 @@ static int size_context(struct session *s, const struct opts *o, struct eng_ctx_
 		}
 		room = (struct hwbench_headroom){ .bytes = limit };
 	} else {
-		if (hwbench_mem_headroom("", &room))
+		if (!plain)
 			return 0; /* the default context */
+		room = *plain;
 		bool fit = weights_fit(&room, w);
 
 		budget = fit ? room.bytes - w : room.bytes / 4;
@@ -364,12 +365,18 @@ int session_open(struct session *s, const struct opts *o, bool want_ctx)
 	s->tok = eng_model_tokenizer(s->model);
 	if (!want_ctx)
 		return 0;
-	if (!s->pc)
-		advise_huge_pages(s);
+	/* a plain mapping: the memory this process may still use, read once
+	 * for the huge-page advice and the context's size */
+	struct hwbench_headroom room, *plain = NULL;
+
+	if (!s->pc && !hwbench_mem_headroom("", &room))
+		plain = &room;
+	if (plain)
+		advise_huge_pages(s, plain);
 	s->own_bytes = anon_rss_bytes();
 	struct eng_ctx_config cc = { .n_ctx = o->ctx, .n_threads = o->threads, .n_batch = o->batch,
 				     .type_k = o->type_k, .type_v = o->type_v };
-	if ((rc = size_context(s, o, &cc)))
+	if ((rc = size_context(s, o, &cc, plain)))
 		return rc;
 	s->type_k = cc.type_k;
 	s->type_v = cc.type_v;
