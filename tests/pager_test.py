@@ -1417,16 +1417,26 @@ UFFD_API = 0xc018aa3f
 UFFDIO_REGISTER = 0xc020aa00
 
 
+def libc_maps():
+    """The C library, with mmap(2) and mremap(2) typed for ctypes: the
+    addresses a hand-made engine maps and moves its mapping to."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                            ctypes.c_void_p]
+    return libc
+
+
 def uffd_session(sock, name, mapping=None):
     """A real engine's handshake done by hand: HELLO, the memfd mapped, a
     userfaultfd registered over it, REGISTER, READY.  Returns the socket,
     still open, and what must stay alive with it; a dict given as `mapping`
     gets what a REMAP needs (base, memfd, slotfd, uffd)."""
-    import ctypes, mmap
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
+    import mmap
+    libc = libc_maps()
     s = raw_conn(sock)
     s.send(hdr(1, 16 + len(name)) + struct.pack("<IIQ", 1, len(name), 0) + name)
     data, anc, _, _ = s.recvmsg(200, socket.CMSG_SPACE(4))
@@ -1459,12 +1469,7 @@ def remap_by_hand(mp, payload):
     (from the slots, or the model's memfd), registered with the uffd, and
     moved into place."""
     import ctypes, fcntl, mmap
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
-                            ctypes.c_void_p]
+    libc = libc_maps()
     n = struct.unpack_from("<I", payload, 4)[0]
     for i in range(n):
         off, ln, frm = struct.unpack_from("<QQQ", payload, 8 + 24 * i)
