@@ -412,9 +412,16 @@ VNNI static void dot_q8_0_rows(size_t n, float *out, const uint8_t *rows, size_t
  *     the one conversion to float, so the lanes are vec_dot's;
  *   - d and dmin are converted together, and dmin's sign is carried by
  *     vfnmadd (-(a*b) + c rounds as fma(-a, b, c)).
+ *   - each sub-block's four-product sums by one vpdpbusd (the high
+ *     nibbles masked in place: 16 times the sums), and two sub-blocks'
+ *     sums in the two int16 halves of a dword, so one vpdpwssd scales
+ *     both: six multiplies a block instead of eight, and no shifts of
+ *     the nibbles.
  * One core, from memory (65536 rows of 4096): 74-77 GMAC/s against 57-58
- * with 256-bit vectors (Zen 5).  Needs AVX-512BW and VBMI besides VNNI:
- * chosen at start-up only where the CPU has them.
+ * with 256-bit vectors (Zen 5).  The pairing: 49.5 -> 54.5 GMAC/s from
+ * L2 (256 rows of 4096) on a Zen 4 (docs/benchmarks.md, issue 16, session
+ * 52).  Needs AVX-512BW and VBMI besides VNNI: chosen at start-up only
+ * where the CPU has them.
  */
 
 /* An activation block as q4_k_span reads it: the quants with the middle two
@@ -453,14 +460,14 @@ VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row
 			   const struct q8_k_z *z, struct q4_k_sum *sum)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
-	/* scale byte s to the low byte of both int16 halves of each dword
-	 * (the high bytes masked to zero): sub-blocks (0, 2), (1, 3), (4, 6)
-	 * and (5, 7) in the two 256-bit halves */
+	/* the scale bytes of sub-blocks a and b to the low bytes of each dword's
+	 * two int16 halves (the high bytes masked to zero): (0, 1) | (2, 3) and
+	 * (4, 5) | (6, 7) in the two 256-bit halves */
 #define SC2(a, b) _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
-	const __m512i si0 = SC2(0x00000000, 0x00020002), si1 = SC2(0x00010001, 0x00030003);
-	const __m512i si2 = SC2(0x00040004, 0x00060006), si3 = SC2(0x00050005, 0x00070007);
+	const __m512i si01 = SC2(0x00010000, 0x00030002), si45 = SC2(0x00050004, 0x00070006);
 #undef SC2
 	const __mmask64 lo = 0x5555555555555555ull;
+	const __mmask32 odd_words = 0xaaaaaaaau;
 	const char *pf = (const char *)x + K_PREFETCH_ROWS * row_nb * sizeof(*x);
 	__m256 acc = sum->acc;
 	__m128 acc_m = sum->acc_m;
@@ -484,26 +491,27 @@ VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row
 				      _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)), acc_m);
 
 		const __m512i b0 = _mm512_loadu_si512(x[i].qs), b1 = _mm512_loadu_si512(x[i].qs + 64);
-		/* two chains (integers: exact in any order) */
+		const __m512i zero = _mm512_setzero_si512();
+		/* each sub-block's four-product sums, t0: sub-blocks 0 | 2, t2:
+		 * 4 | 6; t1 and t3 (1 | 3, 5 | 7) from the high nibbles left in
+		 * place, so 16 times theirs */
+		const __m512i t0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(b0, m4),
+						       _mm512_load_si512(q8));
+		const __m512i t1 = _mm512_dpbusd_epi32(zero, _mm512_andnot_si512(m4, b0),
+						       _mm512_load_si512(q8 + 64));
+		const __m512i t2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(b1, m4),
+						       _mm512_load_si512(q8 + 128));
+		const __m512i t3 = _mm512_dpbusd_epi32(zero, _mm512_andnot_si512(m4, b1),
+						       _mm512_load_si512(q8 + 192));
+		/* |sum| <= 4 * 15 * 127 < 2^15: sub-blocks 2j and 2j + 1 in the low
+		 * and high int16 of each dword (16 t << 12 is t << 16), and one
+		 * vpdpwssd scales both */
 		__m512i s0 = _mm512_dpwssd_epi32(
-			_mm512_setzero_si512(),
-			_mm512_maddubs_epi16(_mm512_and_si512(b0, m4), _mm512_load_si512(q8)),
-			_mm512_maskz_permutexvar_epi8(lo, si0, smz));
-		__m512i s1 = _mm512_dpwssd_epi32(
-			_mm512_setzero_si512(),
-			_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(b0, 4), m4),
-					     _mm512_load_si512(q8 + 64)),
-			_mm512_maskz_permutexvar_epi8(lo, si1, smz));
-
+			zero, _mm512_mask_blend_epi16(odd_words, t0, _mm512_slli_epi32(t1, 12)),
+			_mm512_maskz_permutexvar_epi8(lo, si01, smz));
 		s0 = _mm512_dpwssd_epi32(
-			s0, _mm512_maddubs_epi16(_mm512_and_si512(b1, m4), _mm512_load_si512(q8 + 128)),
-			_mm512_maskz_permutexvar_epi8(lo, si2, smz));
-		s1 = _mm512_dpwssd_epi32(
-			s1,
-			_mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(b1, 4), m4),
-					     _mm512_load_si512(q8 + 192)),
-			_mm512_maskz_permutexvar_epi8(lo, si3, smz));
-		s0 = _mm512_add_epi32(s0, s1);
+			s0, _mm512_mask_blend_epi16(odd_words, t2, _mm512_slli_epi32(t3, 12)),
+			_mm512_maskz_permutexvar_epi8(lo, si45, smz));
 
 		const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(s0),
 						   _mm512_extracti64x4_epi64(s0, 1));
@@ -628,31 +636,59 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
  * high ones 64..127, so the activations are read as they lie.  Dword L
  * of a vector holds elements 4L..4L+3 of its 64: the halves are the
  * one-row kernel's 32-element chunks, added (exact) before the conversion.
+ *
+ * The quants are 0..63 for q - 32: vpdpbusd adds each dword's four
+ * products q * y to -32 times the four activations' sum, which a call
+ * works out once for all its rows (struct q6_k_u), so each dword holds
+ * the four products (q - 32) * y, |sum| <= 4 * 32 * 128 < 2^15.  The
+ * dwords of elements 0..63 and 64..127 then share a dword's two int16
+ * halves, and one vpdpwssd scales both (the 16-element sub-blocks 4m..
+ * and 4m + 4.. of a 128).  Two multiplies and a half per 64 elements
+ * instead of four and a subtraction.
  */
-VBMI static void dot1_q6_k(size_t n, float *out, const struct eng_block_q6_k *x,
-			   const struct eng_block_q8_k *y)
+
+/* -32 times the sum of each four activations of a block, in order. */
+struct q6_k_u {
+	int32_t m32[ENG_QK_K / 4];
+};
+
+VBMI static void q6_k_u_make(size_t nb, const struct eng_block_q8_k *y, struct q6_k_u *u)
+{
+	const __m512i m32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();
+
+	for (size_t i = 0; i < nb; i++)
+		for (int v = 0; v < 4; v++)
+			_mm512_store_si512(
+				u[i].m32 + 16 * v,
+				_mm512_sub_epi32(zero, _mm512_dpbusd_epi32(
+							       zero, m32,
+							       _mm512_loadu_si512(y[i].qs + 64 * v))));
+}
+
+/* Blocks x[0 .. nb) of a row of row_nb blocks against y[0 .. nb), whose
+ * sums u holds, into *accp. */
+VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row_nb,
+			   const struct eng_block_q8_k *y, const struct q6_k_u *u, __m256 *accp)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-	const __m512i m32 = _mm512_set1_epi8(32);
 	/* qh's fields 0, 1 to bits 4-5 of the low and high halves (<< 4, << 2);
 	 * fields 2, 3 (>> 0, >> 2) */
 	const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
 	const __m512i sh23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
-	/* the scale of int16 lane m of the vector of elements 64v..64v+63:
-	 * 4v + m / 8 */
-	const __m512i m8 = _mm512_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001, 0x20002,
-					     0x20002, 0x20002, 0x20002, 0x30003, 0x30003, 0x30003,
-					     0x30003);
-	const __m512i si[4] = { m8, _mm512_add_epi16(m8, _mm512_set1_epi16(4)),
-				_mm512_add_epi16(m8, _mm512_set1_epi16(8)),
-				_mm512_add_epi16(m8, _mm512_set1_epi16(12)) };
-	__m256 acc = _mm256_setzero_ps();
+	const __mmask32 odd_words = 0xaaaaaaaau;
+	const char *pf = (const char *)x + K_PREFETCH_ROWS * row_nb * sizeof(*x);
+	/* the scales of int16 halves 2L and 2L + 1 of the 128 elements from
+	 * 128h: sub-blocks 8h + L / 4 and 8h + 4 + L / 4 (L = 0..15) */
+	const __m512i m8 = _mm512_setr_epi32(0x40000, 0x40000, 0x40000, 0x40000, 0x50001, 0x50001,
+					     0x50001, 0x50001, 0x60002, 0x60002, 0x60002, 0x60002,
+					     0x70003, 0x70003, 0x70003, 0x70003);
+	const __m512i si[2] = { m8, _mm512_add_epi16(m8, _mm512_set1_epi16(8)) };
+	__m256 acc = *accp;
 
-	for (size_t i = 0; i < n / ENG_QK_K; i++) {
+	for (size_t i = 0; i < nb; i++) {
 		const __m512i sc16 = _mm512_castsi256_si512(
 			_mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)x[i].scales)));
-		__m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+		__m512i s0 = _mm512_setzero_si512();
 
 		for (int l = 0; l < 4; l++)
 			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
@@ -668,19 +704,17 @@ VBMI static void dot1_q6_k(size_t n, float *out, const struct eng_block_q6_k *x,
 			const __m512i q23 = _mm512_ternarylogic_epi32(
 				_mm512_srli_epi16(b, 4), _mm512_and_si512(_mm512_srlv_epi16(bh, sh23), m30),
 				m4, 0xe4);
-			const __m512i y01 = _mm512_loadu_si512(y[i].qs + 128 * h);
-			const __m512i y23 = _mm512_loadu_si512(y[i].qs + 128 * h + 64);
+			const __m512i t01 =
+				_mm512_dpbusd_epi32(_mm512_load_si512(u[i].m32 + 32 * h), q01,
+						    _mm512_loadu_si512(y[i].qs + 128 * h));
+			const __m512i t23 =
+				_mm512_dpbusd_epi32(_mm512_load_si512(u[i].m32 + 32 * h + 16), q23,
+						    _mm512_loadu_si512(y[i].qs + 128 * h + 64));
 
-			s0 = _mm512_dpwssd_epi32(s0,
-						 _mm512_sub_epi16(_mm512_maddubs_epi16(q01, y01),
-								  _mm512_maddubs_epi16(m32, y01)),
-						 _mm512_permutexvar_epi16(si[2 * h], sc16));
-			s1 = _mm512_dpwssd_epi32(s1,
-						 _mm512_sub_epi16(_mm512_maddubs_epi16(q23, y23),
-								  _mm512_maddubs_epi16(m32, y23)),
-						 _mm512_permutexvar_epi16(si[2 * h + 1], sc16));
+			s0 = _mm512_dpwssd_epi32(
+				s0, _mm512_mask_blend_epi16(odd_words, t01, _mm512_slli_epi32(t23, 16)),
+				_mm512_permutexvar_epi16(si[h], sc16));
 		}
-		s0 = _mm512_add_epi32(s0, s1);
 
 		const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s0),
 						      _mm512_extracti64x4_epi64(s0, 1));
@@ -688,21 +722,43 @@ VBMI static void dot1_q6_k(size_t n, float *out, const struct eng_block_q6_k *x,
 		acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * fp16(x[i].d)), _mm256_cvtepi32_ps(sumi),
 				      acc);
 	}
-	*out = hsum_f32x8(acc);
+	*accp = acc;
 }
 
-/* Q6_K's vec_dotn: decoding (one token) with dot1_q6_k, row after row; two
- * tokens or more: avx512_prompt_q6_k, bit-identical to it. */
+/* Q6_K's vec_dotn: decoding (one token) with q6_k_span, row after row (a
+ * row longer than Z_SPAN blocks a span at a time, Z_ROWS rows a span, as
+ * Q4_K's); two tokens or more: avx512_prompt_q6_k, bit-identical to it. */
 VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
 					  size_t out_stride, const void *w, size_t stride,
 					  const void *a, size_t a_stride)
 {
+	const size_t nb = n / ENG_QK_K;
+	const struct eng_block_q8_k *y = a;
+	struct q6_k_u u[Z_SPAN] __attribute__((aligned(64)));
+	__m256 acc[Z_ROWS];
+
 	if (nt > 1) {
 		avx512_prompt_q6_k(n, nrows, nt, out, out_stride, w, stride, a, a_stride);
 		return;
 	}
-	for (unsigned r = 0; r < nrows; r++)
-		dot1_q6_k(n, out + r, (const void *)((const uint8_t *)w + r * stride), a);
+	for (unsigned r0 = 0; r0 < nrows; r0 += Z_ROWS) {
+		const unsigned nr = nrows - r0 < Z_ROWS ? nrows - r0 : Z_ROWS;
+
+		for (unsigned r = 0; r < nr; r++)
+			acc[r] = _mm256_setzero_ps();
+		for (size_t b0 = 0; b0 < nb; b0 += Z_SPAN) {
+			const size_t nbs = nb - b0 < Z_SPAN ? nb - b0 : Z_SPAN;
+
+			q6_k_u_make(nbs, y + b0, u);
+			for (unsigned r = 0; r < nr; r++)
+				q6_k_span((const struct eng_block_q6_k *)((const uint8_t *)w +
+									  (size_t)(r0 + r) * stride) +
+						  b0,
+					  nbs, nb, y + b0, u, &acc[r]);
+		}
+		for (unsigned r = 0; r < nr; r++)
+			out[r0 + r] = hsum_f32x8(acc[r]);
+	}
 }
 
 /* ---- the table -------------------------------------------------------- */
