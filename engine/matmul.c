@@ -26,7 +26,7 @@
  * down to 64 rows for a prompt, at most about 2 MiB of weights), numbered in
  * order over the n weights, and each thread owns a run of them, front to
  * back: its first chunk starts cold, the rest follow on from the row
- * prefetch of the one before (K_PREFETCH_ROWS, quant_x86_i.h).  Threads
+ * prefetch of the one before (k_prefetch_rows, quant_x86_i.h).  Threads
  * that took chunks in turn from one counter started every chunk cold:
  * gemma3-4b decode 1.047x faster with runs (docs/benchmarks.md, issue 16,
  * session 44).  A thread done with its own run takes chunks from the back

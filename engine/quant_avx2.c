@@ -362,9 +362,9 @@ q4_0_load8(struct q4_0_x8 *x, const uint8_t *rows, size_t stride, size_t ib)
 		x->hi[k] = _mm256_and_si256(_mm256_srli_epi16(v[k], 4), m4);
 	}
 	x->d = _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0));
-	_mm_prefetch((const char *)pf, K_PREFETCH_HINT);
-	_mm_prefetch((const char *)pf + 64, K_PREFETCH_HINT);
-	_mm_prefetch((const char *)pf + 128, K_PREFETCH_HINT);
+	k_prefetch((const char *)pf);
+	k_prefetch((const char *)pf + 64);
+	k_prefetch((const char *)pf + 128);
 }
 
 /* Up to eight tokens at a time: with the eight nibble vectors, more than
@@ -519,13 +519,13 @@ static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a
 {
 	const struct eng_block_q8_0 *x = w;
 	const struct eng_block_q8_0 *y = a;
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK8_0) * sizeof(*x);
+	const char *pf = (const char *)x + k_prefetch_rows * (n / ENG_QK8_0) * sizeof(*x);
 	__m256 acc = _mm256_setzero_ps();
 
 	for (size_t ib = 0; ib < n / ENG_QK8_0; ib++) {
-		/* the row K_PREFETCH_ROWS ahead, at this one's pace (34-byte
+		/* the row k_prefetch_rows ahead, at this one's pace (34-byte
 		 * blocks: a line every other block) */
-		_mm_prefetch(pf + ib * sizeof(*x), K_PREFETCH_HINT);
+		k_prefetch(pf + ib * sizeof(*x));
 		const __m256i qx = _mm256_loadu_si256((const void *)x[ib].qs);
 		const __m256i qy = _mm256_loadu_si256((const void *)y[ib].qs);
 		const __m256i xl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qx));
@@ -556,7 +556,7 @@ static void vec_dot_q8_0_q8_0(size_t n, float *out, const void *w, const void *a
  * matmul (struct below); a weight block is put in it once for all the
  * tokens.  Per row, token and block that leaves two madds (one activation
  * load each), an add, the conversion, the scale product and the FMA.  Rows
- * are read one after the other, front to back, the row K_PREFETCH_ROWS
+ * are read one after the other, front to back, the row k_prefetch_rows
  * ahead prefetched (a single stream each, as the K-quant kernels do).
  *
  * Packed activations of n elements: int16 qs[n] (block after block, each
@@ -602,7 +602,7 @@ q8_0_row_tn(size_t n, const struct eng_block_q8_0 *x, const uint8_t *act, size_t
 	    const unsigned tn, float *out, size_t out_stride)
 {
 	const size_t nb = n / ENG_QK8_0;
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
+	const char *pf = (const char *)x + k_prefetch_rows * nb * sizeof(*x);
 	__m256 acc[ENG_DOT8_NT];
 
 	for (unsigned t = 0; t < tn; t++)
@@ -610,7 +610,7 @@ q8_0_row_tn(size_t n, const struct eng_block_q8_0 *x, const uint8_t *act, size_t
 	for (size_t ib = 0; ib < nb; ib++) {
 		__m256i xa, xb;
 
-		_mm_prefetch(pf + ib * sizeof(*x), K_PREFETCH_HINT);
+		k_prefetch(pf + ib * sizeof(*x));
 		q8_0_widen(x[ib].qs, &xa, &xb);
 		const __m256 dx = fp16x8(x[ib].d);
 
@@ -812,6 +812,25 @@ static void pack8_q8_k(const void *src, void *dst, size_t n)
 
 /* ---- the table -------------------------------------------------------- */
 
+/* The row prefetch's setting (quant_x86_i.h), written once, by
+ * k_prefetch_choose under avx2_once, before any kernel runs. */
+unsigned k_prefetch_rows = 16;
+bool k_prefetch_l1;
+
+/* Zen 5 (AMD family 1Ah): T0 at 8 rows; any other CPU: T1 at 16. */
+BASELINE static void k_prefetch_choose(void)
+{
+	unsigned a, b, c, d;
+
+	if (!__get_cpuid(0, &a, &b, &c, &d) || b != signature_AMD_ebx || d != signature_AMD_edx ||
+	    c != signature_AMD_ecx || !__get_cpuid(1, &a, &b, &c, &d))
+		return;
+	if (((a >> 8) & 0xf) + ((a >> 20) & 0xff) == 0x1a) {
+		k_prefetch_rows = 8;
+		k_prefetch_l1 = true;
+	}
+}
+
 static pthread_once_t avx2_once = PTHREAD_ONCE_INIT;
 static struct eng_kernels avx2;
 static bool avx2_ok;
@@ -821,6 +840,7 @@ BASELINE static void avx2_init(void)
 	avx2_ok = cpu_has_avx2();
 	if (!avx2_ok)
 		return;
+	k_prefetch_choose();
 	avx2 = *eng_kernels_ref();
 	avx2.isa = "avx2";
 	avx2.to_float[ENG_TYPE_F16] = f16_to_float;

@@ -104,7 +104,7 @@ q4_0_rows(const unsigned nrows, const uint8_t *rows, size_t stride, size_t ib, _
 		}
 	}
 	for (unsigned l = 0; l < (nrows * sizeof(struct eng_block_q4_0) + 127) / 64; l++)
-		_mm_prefetch((const char *)pf + 64 * l, K_PREFETCH_HINT);
+		k_prefetch((const char *)pf + 64 * l);
 
 	/* 4x4 dword transposes in each 128-bit lane: lane 4j + i of v[k] =
 	 * dword k of row 4j + i */
@@ -376,7 +376,7 @@ VNNI static void dot_q8_0_rows(size_t n, float *out, const uint8_t *rows, size_t
 		const __m256 dy = fp16x8(y->d);
 
 		for (int l = 0; l < (Q8_0_ROWS * (int)sizeof(struct eng_block_q8_0) + 63) / 64; l++)
-			_mm_prefetch((const char *)pf + 64 * l, K_PREFETCH_HINT);
+			k_prefetch((const char *)pf + 64 * l);
 		for (int r = 0; r < Q8_0_ROWS; r++) {
 			const struct eng_block_q8_0 *x =
 				(const struct eng_block_q8_0 *)(rows + (size_t)r * stride) + ib;
@@ -468,7 +468,7 @@ VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row
 #undef SC2
 	const __mmask64 lo = 0x5555555555555555ull;
 	const __mmask32 odd_words = 0xaaaaaaaau;
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * row_nb * sizeof(*x);
+	const char *pf = (const char *)x + k_prefetch_rows * row_nb * sizeof(*x);
 	__m256 acc = sum->acc;
 	__m128 acc_m = sum->acc_m;
 
@@ -477,7 +477,7 @@ VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row
 
 		/* the lines of block i, 144 bytes: two or three */
 		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
+			k_prefetch(pf + i * sizeof(*x) + 64 * l);
 
 		/* [d, dmin] * y.d: y.d * d rounds the same either way round */
 		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const void *)&x[i].d)),
@@ -676,7 +676,7 @@ VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row
 	const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
 	const __m512i sh23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
 	const __mmask32 odd_words = 0xaaaaaaaau;
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * row_nb * sizeof(*x);
+	const char *pf = (const char *)x + k_prefetch_rows * row_nb * sizeof(*x);
 	/* the scales of int16 halves 2L and 2L + 1 of the 128 elements from
 	 * 128h: sub-blocks 8h + L / 4 and 8h + 4 + L / 4 (L = 0..15) */
 	const __m512i m8 = _mm512_setr_epi32(0x40000, 0x40000, 0x40000, 0x40000, 0x50001, 0x50001,
@@ -691,7 +691,7 @@ VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row
 		__m512i s0 = _mm512_setzero_si512();
 
 		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
+			k_prefetch(pf + i * sizeof(*x) + 64 * l);
 #pragma GCC unroll 2
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const __m512i b = _mm512_loadu_si512(x[i].ql + 64 * h);

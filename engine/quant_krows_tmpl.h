@@ -37,7 +37,7 @@
  * into 4 int32 lanes.  Q4_K then adds those lanes with one FMA per block
  * into 4 float lanes, reduced at the end; Q5_K sums them to one integer and
  * accumulates dmin * that in a scalar (ggml's "summs += dmin * hsum",
- * contracted to an FMA in its -march=native build).  The row K_PREFETCH_ROWS
+ * contracted to an FMA in its -march=native build).  The row k_prefetch_rows
  * ahead is prefetched at the pace this one is read (quant_x86_i.h).
  */
 KR_ATTR static inline __attribute__((always_inline)) void
@@ -48,7 +48,7 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, const str
 	const struct eng_block_q5_k *x5 = w;
 	const struct eng_block_q8_k *y = a;
 	const size_t bsize = five ? sizeof(*x5) : sizeof(*x4);
-	const char *pf = (const char *)w + K_PREFETCH_ROWS * (n / ENG_QK_K) * bsize;
+	const char *pf = (const char *)w + k_prefetch_rows * (n / ENG_QK_K) * bsize;
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 	__m256 acc = _mm256_setzero_ps();
 	__m128 acc_m = _mm_setzero_ps();
@@ -70,7 +70,7 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, const str
 
 		/* the lines of block i of that row: three (144 or 176 bytes) */
 		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * bsize + 64 * l, K_PREFETCH_HINT);
+			k_prefetch(pf + i * bsize + 64 * l);
 
 		uint64_t sc, mn;
 
@@ -140,7 +140,7 @@ KR_ATTR static inline void KR_NAME(vec_dot_q4_k_q8_k)(size_t n, float *out, cons
  * that leaves the two activation loads (pack8_q8_k's paired quants), two
  * maddubs, a 16-bit add, one madd and one add.  The rows are read one after the
  * other, each front to back (a single stream, as the AVX-512 kernel found
- * fastest from memory), with the row K_PREFETCH_ROWS ahead prefetched.
+ * fastest from memory), with the row k_prefetch_rows ahead prefetched.
  */
 #ifndef KR_SWITCH
 /* Each token's int32 sum is one running register: without this, gcc
@@ -276,7 +276,7 @@ KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *act, size_t a_stride,
 		     const struct kr_q4_k_tab *T, const unsigned tn, float *out, size_t out_stride)
 {
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
+	const char *pf = (const char *)x + k_prefetch_rows * nb * sizeof(*x);
 	__m256 acc[KR_TOKENS], acc_m[KR_TOKENS / 2];
 	const int8_t *ys[KR_TOKENS]; /* pack8_q8_k's k4_pair quants */
 
@@ -291,7 +291,7 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
 
 		k4_scales_mins(x[i].scales, &sc, &mn);
 		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
+			k_prefetch(pf + i * sizeof(*x) + 64 * l);
 		KR_NAME(q4_k_block_tn)(&x[i], k_scales(sc), mn, ys, i, &T[i], tn, acc, acc_m);
 	}
 	for (unsigned t = 0; t < tn; t++) {
@@ -310,7 +310,7 @@ KR_NAME(q4_k_row_tn)(const struct eng_block_q4_k *x, size_t nb, const uint8_t *a
  * 2^13), then madd with the signed scales and the add (KR_DPWSSD): the low
  * 128-bit lane of each 32 activations holds elements 0-15 (scale 2k), the
  * high lane 16-31 (scale 2k+1).  The sixteen scales are widened once a block
- * and each pair put in place by one pshufb; the row K_PREFETCH_ROWS ahead is
+ * and each pair put in place by one pshufb; the row k_prefetch_rows ahead is
  * prefetched (quant_x86_i.h).  y32, where given, holds each block's 32 * y
  * in pairs (maddubs(32, y), the same int16s), worked out once for a
  * decoding vec_dot8's eight rows (q6_k_y32): a load in place of a maddubs
@@ -324,7 +324,7 @@ KR_NAME(dot_q6_k)(size_t n, float *out, const void *w, const void *a, const int1
 	const struct eng_block_q6_k *x = w;
 	const struct eng_block_q8_k *y = a;
 	const __m256i m32 = _mm256_set1_epi8(32);
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * (n / ENG_QK_K) * sizeof(*x);
+	const char *pf = (const char *)x + k_prefetch_rows * (n / ENG_QK_K) * sizeof(*x);
 	__m256i shuf[4];
 	__m256 acc = _mm256_setzero_ps();
 
@@ -339,7 +339,7 @@ KR_NAME(dot_q6_k)(size_t n, float *out, const void *w, const void *a, const int1
 		/* the lines of block i of that row, 210 bytes: four or five (the
 		 * fifth is the next block's first) */
 		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
+			k_prefetch(pf + i * sizeof(*x) + 64 * l);
 
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
 			const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
@@ -410,7 +410,7 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 {
 	const __m256i m32 = _mm256_set1_epi8(32), u128 = _mm256_set1_epi8((char)0x80);
 	const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
+	const char *pf = (const char *)x + k_prefetch_rows * nb * sizeof(*x);
 	__m256 acc[KR_TOKENS];
 	/* pack8_q8_k's parts of each token's packed row */
 	const uint8_t *yu[KR_TOKENS]; /* y + 128, 256 bytes a block */
@@ -428,7 +428,7 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 		__m256i sumi[KR_TOKENS], corr = _mm256_setzero_si256();
 
 		for (int l = 0; l < 4; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
+			k_prefetch(pf + i * sizeof(*x) + 64 * l);
 		for (unsigned t = 0; t < tn; t++)
 			sumi[t] = _mm256_setzero_si256();
 		/* The block's quants are made first, all four pairs of chunks
@@ -577,7 +577,7 @@ KR_ATTR static inline __attribute__((always_inline)) void
 KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *act, size_t a_stride,
 		     const struct kr_q4_k_tab *T, const unsigned tn, float *out, size_t out_stride)
 {
-	const char *pf = (const char *)x + K_PREFETCH_ROWS * nb * sizeof(*x);
+	const char *pf = (const char *)x + k_prefetch_rows * nb * sizeof(*x);
 	const struct eng_block_q8_k *y[KR_TOKENS];
 	__m256 acc[KR_TOKENS];
 	float summs[KR_TOKENS];
@@ -598,7 +598,7 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 		__m256i sumi[KR_TOKENS];
 
 		for (int l = 0; l < 3; l++)
-			_mm_prefetch(pf + i * sizeof(*x) + 64 * l, K_PREFETCH_HINT);
+			k_prefetch(pf + i * sizeof(*x) + 64 * l);
 		for (unsigned t = 0; t < tn; t++)
 			sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4

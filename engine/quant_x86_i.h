@@ -11,6 +11,7 @@
 #include "quant.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -277,28 +278,34 @@ _Static_assert(sizeof(struct q8_0s) * 4 <= ENG_PACK8_BYTES(4 * ENG_QK8_0), "q8_0
 
 /*
  * The K-quant kernels read one row at a time, a single stream the hardware
- * prefetcher follows, yet a prefetch of the row K_PREFETCH_ROWS ahead, at
+ * prefetcher follows, yet a prefetch of the row k_prefetch_rows ahead, at
  * the same offset, still makes decode faster: the hardware prefetcher runs
  * only a few lines ahead, too few to cover the memory latency with two
  * cores reading.  Rows of a GGUF matrix are back to back, so row
- * i + K_PREFETCH_ROWS starts K_PREFETCH_ROWS row lengths on.
+ * i + k_prefetch_rows starts k_prefetch_rows row lengths on.
  *
- * The hint is T0 (into L1 and L2) and the distance 8 rows (18 KB of
- * 4096-column Q4_K, 80 KB of 12288-column Q6_K).  T1 at 16 rows, measured
- * 4-11% faster than no prefetch on an Intel Xeon, put the lines in L2 only
- * on the Zen 5 (as from Zen 4 on), and read 1-6% slower there whenever the
- * memory was fast: two threads of the Q4_K and Q6_K one-row kernels, from
- * memory, T1 at 16 rows against T0 at 8 (docs/benchmarks.md, issue 16,
- * session 49).  NTA was as fast at 4096 columns and slower at 12288: its
- * lines leave L1 without going to L2, and 16 long rows are more than L1.
- * The same hint serves the Q4_0 and Q8_0 row prefetches.  Both can be set
- * at build time (-DK_PREFETCH_HINT=_MM_HINT_T1) to measure them again.
+ * Where the lines go and how far ahead is the CPU's, chosen once when the
+ * kernel sets are built (k_prefetch_choose, quant_avx2.c):
+ *   - Zen 5: T0 (into L1 and L2) at 8 rows.  T1 at 16 read 1-6% slower
+ *     whenever the memory was fast (two threads of the Q4_K and Q6_K
+ *     one-row kernels, from memory; NTA was as fast at 4096 columns and
+ *     slower at 12288: docs/benchmarks.md, issue 16, session 49).
+ *   - any other CPU: T1 (into L2) at 16 rows.  On a Zen 4, T0 at 8 rows
+ *     read 0.65-0.75 as fast from memory (one core, the avx512 Q4_K and
+ *     Q6_K one-row kernels) and decoded 8B models 0.65-0.75 as fast at
+ *     the memory's fast speed (session 52); on an Intel Xeon T1 at 16
+ *     was 4-11% faster than no prefetch.
+ * The same hint serves the Q4_0 and Q8_0 row prefetches.
  */
-#ifndef K_PREFETCH_ROWS
-#define K_PREFETCH_ROWS 8
-#endif
-#ifndef K_PREFETCH_HINT
-#define K_PREFETCH_HINT _MM_HINT_T0
-#endif
+extern unsigned k_prefetch_rows;
+extern bool k_prefetch_l1;
+
+static inline __attribute__((always_inline)) void k_prefetch(const void *p)
+{
+	if (k_prefetch_l1)
+		_mm_prefetch((const char *)p, _MM_HINT_T0);
+	else
+		_mm_prefetch((const char *)p, _MM_HINT_T1);
+}
 
 #endif
