@@ -27,6 +27,7 @@
 #include "fuse_i.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <limits.h>
 #include <poll.h>
@@ -596,17 +597,48 @@ static void raise_readahead(const char *dir, unsigned maj, unsigned min)
  * pager_fuse_guard) waits for the daemon's main thread to die
  * (PR_SET_PDEATHSIG) and aborts the connection through fusectl, which fails
  * the pending reads and lets everyone go.  A clean stop kills it first.
+ *
+ * The daemon opens the connection's abort file itself, right after its
+ * mount, and the guardian inherits that descriptor (GUARD_FD).  By name, a
+ * guardian slow to run (a sanitizer build's) could abort the next daemon's
+ * mount: that daemon detaches the dead one's and mounts again, and the
+ * kernel gives the new connection the lowest free number, the dead one's.
+ * A descriptor stays the old connection's: once that is gone, the file is
+ * unlinked (st_nlink 0), and a write to it is accepted and aborts nothing.
  */
+#define GUARD_FD 3
+
+static int open_abort(unsigned conn)
+{
+	char path[64];
+	int fd;
+
+	snprintf(path, sizeof(path), "/sys/fs/fuse/connections/%u/abort", conn);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT &&
+	    mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, NULL) == 0)
+		fd = open(path, O_WRONLY | O_CLOEXEC);
+	return fd;
+}
+
 static pid_t spawn_guard(unsigned conn)
 {
 	pid_t parent = getpid(), pid;
+	int fd = open_abort(conn);
 	char arg[16];
 	sigset_t set;
 
+	if (fd < 0)
+		return -1;
 	snprintf(arg, sizeof(arg), "%u", conn);
 	pid = fork();
-	if (pid != 0)
+	if (pid != 0) {
+		close(fd);
 		return pid;
+	}
+	/* the abort file at GUARD_FD, kept across the exec */
+	if (fd == GUARD_FD ? fcntl(fd, F_SETFD, 0) < 0 : dup2(fd, GUARD_FD) < 0)
+		_exit(127);
 	/* blocked, so a death before the guardian waits stays pending */
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
@@ -619,27 +651,28 @@ static pid_t spawn_guard(unsigned conn)
 
 int pager_fuse_guard(unsigned conn)
 {
-	char path[64];
+	struct stat st;
 	sigset_t set;
-	int sig, fd;
+	int sig;
 
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigprocmask(SIG_BLOCK, &set, NULL);
-	close_range(3, ~0u, 0);
+	close_range(GUARD_FD + 1, ~0u, 0);
+	if (fcntl(GUARD_FD, F_GETFD) < 0) {
+		pager_log(PAGER_LOG_ERR, "--fuse-guard: no abort file at descriptor %d (internal: "
+			  "stratad --fuse starts it)", GUARD_FD);
+		return 2;
+	}
 	if (sigwait(&set, &sig))
 		return 1;
-	snprintf(path, sizeof(path), "/sys/fs/fuse/connections/%u/abort", conn);
-	fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0 && errno == ENOENT &&
-	    mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, NULL) == 0)
-		fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0; /* the connection went with the daemon */
-	if (write(fd, "1", 1) == 1)
+	if (fstat(GUARD_FD, &st) == 0 && st.st_nlink == 0)
+		pager_log(PAGER_LOG_NOTICE, "the daemon died: its mount's connection %u had gone "
+			  "with it", conn);
+	else if (write(GUARD_FD, "1", 1) == 1)
 		pager_log(PAGER_LOG_NOTICE, "the daemon died: its mount's connection %u aborted",
 			  conn);
-	close(fd);
+	close(GUARD_FD);
 	return 0;
 }
 

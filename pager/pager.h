@@ -86,9 +86,10 @@ int pager_create(const struct pager_config *cfg, struct pager **out, char *err, 
 int pager_run(struct pager *p);
 void pager_destroy(struct pager *p);
 /* The FUSE mount's guardian (a daemon with --fuse runs its own binary with
- * the arguments "--fuse-guard CONN"; its main must then call this and exit
- * with what it returns).  Waits for the daemon to die and aborts FUSE
- * connection CONN, so a reader never hangs on a dead daemon. */
+ * the arguments "--fuse-guard CONN" and connection CONN's fusectl abort file
+ * open at descriptor 3; its main must then call this and exit with what it
+ * returns).  Waits for the daemon to die and aborts that connection, so a
+ * reader never hangs on a dead daemon. */
 int pager_fuse_guard(unsigned conn);
 
 /* ---- client ----------------------------------------------------------- */

@@ -72,6 +72,9 @@ the fault:
   restart     the daemon SIGKILLed mid-token with a socket and a mount: the
               engine exits within a second, and a restarted daemon clears the
               stale socket and mount and serves new clients
+  late-guardian  the killed daemon's guardian held back until the next daemon
+              has mounted (on the freed connection number): the new mount
+              keeps serving reads
   kill-streaming  of two engines streaming one model, one SIGKILLed while it
               faults: its pages and slots are reclaimed, the other finishes
               bit-identical
@@ -1378,6 +1381,58 @@ def case_restart():
           open(out + ".mnt", "rb").read() == want, r.stderr.strip() + r2.stderr.strip())
 
 
+def guardians_of(daemon):
+    """The pids of daemon's FUSE guardians (its children run as
+    "stratad --fuse-guard CONN")."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            status = open(f"/proc/{pid}/status").read()
+        except OSError:  # gone meanwhile
+            continue
+        if argv[1:2] == [b"--fuse-guard"] and f"PPid:\t{daemon}\n" in status:
+            found.append(int(pid))
+    return found
+
+
+def case_late_guardian():
+    """A killed daemon's guardian that runs late must not abort the next
+    daemon's mount, which the kernel gives the freed connection number."""
+    if not have_fuse():
+        return
+    m = os.path.join(FIX, "models", "tiny-llama-q4_0.gguf")
+    name = os.path.basename(m)
+    mnt = os.path.join(TMP, "mnt-late-guardian")
+    os.mkdir(mnt)
+    d = Daemon([m], "--fuse", mnt)
+    guards = guardians_of(d.p.pid)
+    check("late-guardian: the daemon has one guardian", len(guards) == 1, guards)
+    if len(guards) != 1:
+        d.stop()
+        return
+    g = guards[0]
+    os.kill(g, signal.SIGSTOP)  # held while its daemon dies and the next one mounts
+    d.p.kill()
+    d.p.wait()
+    d.log.close()
+    d = Daemon([m], "--fuse", mnt)
+    os.kill(g, signal.SIGCONT)
+    wait_for(lambda: not os.path.exists(f"/proc/{g}") or
+             open(f"/proc/{g}/stat").read().split(") ")[1][0] == "Z", 10, "the guardian's exit")
+    try:
+        with open(os.path.join(mnt, name), "rb") as f:
+            head = f.read(4)
+        err = ""
+    except OSError as ex:
+        head, err = b"", str(ex)
+    d.stop()
+    log = open(os.path.join(TMP, "stratad.log"), errors="replace").read()
+    check("late-guardian: the new daemon's mount still serves reads", head == b"GGUF", err)
+    check("late-guardian: the old guardian says its connection had gone",
+          "had gone with it" in log, log[-400:])
+
+
 def case_kill_streaming():
     m = long_model()
     name = os.path.basename(m)
@@ -1864,6 +1919,7 @@ CASES = {"identical": case_identical, "share": case_share,
          "accounting": case_accounting, "io-probe": case_io_probe, "plan": case_plan,
          "spec": case_spec, "read-error": case_read_error, "short-read": case_short_read,
          "early-eof": case_early_eof, "changed": case_changed, "restart": case_restart,
+         "late-guardian": case_late_guardian,
          "kill-streaming": case_kill_streaming, "hostile": case_hostile,
          "experts": case_experts, "experts-shed": case_experts_shed,
          "peercred": case_peercred, "slow-remaps": case_slow_remaps,
@@ -1871,8 +1927,8 @@ CASES = {"identical": case_identical, "share": case_share,
 
 # the fault-injection cases: their own meson test (pager-faults), run in
 # parallel with the others
-FAULT_CASES = ["read-error", "short-read", "early-eof", "changed", "restart", "kill-streaming",
-               "hostile", "peercred"]
+FAULT_CASES = ["read-error", "short-read", "early-eof", "changed", "restart", "late-guardian",
+               "kill-streaming", "hostile", "peercred"]
 args = sys.argv[1:] or [c for c in CASES if c not in FAULT_CASES]
 if args == ["faults"]:
     args = FAULT_CASES
