@@ -503,7 +503,7 @@ VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row
 						       _mm512_load_si512(q8 + 128));
 		const __m512i t3 = _mm512_dpbusd_epi32(zero, _mm512_andnot_si512(m4, b1),
 						       _mm512_load_si512(q8 + 192));
-		/* |sum| <= 4 * 15 * 127 < 2^15: sub-blocks 2j and 2j + 1 in the low
+		/* |sum| <= 4 * 15 * 128 < 2^15: sub-blocks 2j and 2j + 1 in the low
 		 * and high int16 of each dword (16 t << 12 is t << 16), and one
 		 * vpdpwssd scales both */
 		__m512i s0 = _mm512_dpwssd_epi32(
@@ -641,10 +641,11 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
  * products q * y to -32 times the four activations' sum, which a call
  * works out once for all its rows (struct q6_k_u), so each dword holds
  * the four products (q - 32) * y, |sum| <= 4 * 32 * 128 < 2^15.  The
- * dwords of elements 0..63 and 64..127 then share a dword's two int16
- * halves, and one vpdpwssd scales both (the 16-element sub-blocks 4m..
- * and 4m + 4.. of a 128).  Two multiplies and a half per 64 elements
- * instead of four and a subtraction.
+ * dwords of elements 0..63 and 64..127 of each 128 then share a dword's
+ * two int16 halves, and one vpdpwssd scales both (dword L: 16-element
+ * sub-blocks L / 4 and 4 + L / 4 of the 128).  A multiply and a half per
+ * 64 elements instead of three and a subtraction: 35 -> 41 GMAC/s from L2
+ * on a Zen 4 (docs/benchmarks.md, issue 16, session 52).
  */
 
 /* -32 times the sum of each four activations of a block, in order. */
