@@ -1396,6 +1396,15 @@ def guardians_of(daemon):
     return found
 
 
+def exited(pid):
+    """Has pid (not our child) exited: reaped, or a zombie its parent has
+    yet to reap?"""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][0] == "Z"
+    except OSError:  # reaped
+        return True
+
+
 def case_late_guardian():
     """A killed daemon's guardian that runs late must not abort the next
     daemon's mount, which the kernel gives the freed connection number."""
@@ -1418,8 +1427,7 @@ def case_late_guardian():
     d.log.close()
     d = Daemon([m], "--fuse", mnt)
     os.kill(g, signal.SIGCONT)
-    wait_for(lambda: not os.path.exists(f"/proc/{g}") or
-             open(f"/proc/{g}/stat").read().split(") ")[1][0] == "Z", 10, "the guardian's exit")
+    wait_for(lambda: exited(g), 10, "the guardian's exit")
     try:
         with open(os.path.join(mnt, name), "rb") as f:
             head = f.read(4)
