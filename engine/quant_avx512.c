@@ -416,12 +416,15 @@ VNNI static void dot_q8_0_rows(size_t n, float *out, const uint8_t *rows, size_t
  *     nibbles masked in place: 16 times the sums), and two sub-blocks'
  *     sums in the two int16 halves of a dword, so one vpdpwssd scales
  *     both: six multiplies a block instead of eight, and no shifts of
- *     the nibbles.
+ *     the nibbles;
+ *   - two blocks a step, their scales and mins unpacked in one 256-bit
+ *     vector (k4_scales_mins2_vbmi) and the mins of both by one madd.
  * One core, from memory (65536 rows of 4096): 74-77 GMAC/s against 57-58
  * with 256-bit vectors (Zen 5).  The pairing: 49.5 -> 54.5 GMAC/s from
  * L2 (256 rows of 4096) on a Zen 4 (docs/benchmarks.md, issue 16, session
- * 52).  Needs AVX-512BW and VBMI besides VNNI: chosen at start-up only
- * where the CPU has them.
+ * 52); two blocks a step: 53 -> 57.5 from L2, 40.3 -> 41.9 from memory
+ * (session 53).  Needs AVX-512BW and VBMI besides VNNI: chosen at start-up
+ * only where the CPU has them.
  */
 
 /* An activation block as q4_k_span reads it: the quants with the middle two
@@ -455,68 +458,115 @@ struct q4_k_sum {
 	__m128 acc_m;
 };
 
-/* Blocks x[0 .. nb) of a row of row_nb blocks against z[0 .. nb). */
+/*
+ * Block x's int32 sums against activation block q8, as 8 lanes: the
+ * scales are the 16-bit words of smz that si01 and si45 pick (sub-blocks
+ * 0, 1 | 2, 3 and 4, 5 | 6, 7 of this block).
+ */
+VBMI static inline __attribute__((always_inline)) __m256i
+q4_k_block(const struct eng_block_q4_k *x, const int8_t *q8, __m512i smz, __m512i si01,
+	   __m512i si45)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+	const __mmask64 lo = 0x5555555555555555ull;
+	const __mmask32 odd_words = 0xaaaaaaaau;
+	const __m512i b0 = _mm512_loadu_si512(x->qs), b1 = _mm512_loadu_si512(x->qs + 64);
+	/* each sub-block's four-product sums, t0: sub-blocks 0 | 2, t2: 4 | 6;
+	 * t1 and t3 (1 | 3, 5 | 7) from the high nibbles left in place, so 16
+	 * times theirs */
+	const __m512i t0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(b0, m4), _mm512_load_si512(q8));
+	const __m512i t1 =
+		_mm512_dpbusd_epi32(zero, _mm512_andnot_si512(m4, b0), _mm512_load_si512(q8 + 64));
+	const __m512i t2 =
+		_mm512_dpbusd_epi32(zero, _mm512_and_si512(b1, m4), _mm512_load_si512(q8 + 128));
+	const __m512i t3 =
+		_mm512_dpbusd_epi32(zero, _mm512_andnot_si512(m4, b1), _mm512_load_si512(q8 + 192));
+	/* |sum| <= 4 * 15 * 128 < 2^15: sub-blocks 2j and 2j + 1 in the low and
+	 * high int16 of each dword (16 t << 12 is t << 16), and one vpdpwssd
+	 * scales both */
+	__m512i s0 = _mm512_dpwssd_epi32(
+		zero, _mm512_mask_blend_epi16(odd_words, t0, _mm512_slli_epi32(t1, 12)),
+		_mm512_maskz_permutexvar_epi8(lo, si01, smz));
+	s0 = _mm512_dpwssd_epi32(s0,
+				 _mm512_mask_blend_epi16(odd_words, t2, _mm512_slli_epi32(t3, 12)),
+				 _mm512_maskz_permutexvar_epi8(lo, si45, smz));
+
+	return _mm256_add_epi32(_mm512_castsi512_si256(s0), _mm512_extracti64x4_epi64(s0, 1));
+}
+
+/* Block x's [d, dmin] * y.d: y.d * d rounds the same either way round. */
+VBMI static inline __attribute__((always_inline)) __m128 q4_k_dm(const struct eng_block_q4_k *x,
+								 const struct q8_k_z *z)
+{
+	return _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const void *)&x->d)),
+			  _mm_broadcast_ss(&z->d));
+}
+
+/* Blocks x[0 .. nb) of a row of row_nb blocks against z[0 .. nb), two at a
+ * time: their scales and mins unpacked in one 256-bit vector, so the
+ * second block's scales are words 16 on (si01, si45 + 16), and the mins of
+ * both by one madd.  The float operations are one block's after the
+ * other's, as vec_dot's. */
 VBMI static void q4_k_span(const struct eng_block_q4_k *x, size_t nb, size_t row_nb,
 			   const struct q8_k_z *z, struct q4_k_sum *sum)
 {
-	const __m512i m4 = _mm512_set1_epi8(0x0f);
 	/* the scale bytes of sub-blocks a and b to the low bytes of each dword's
 	 * two int16 halves (the high bytes masked to zero): (0, 1) | (2, 3) and
 	 * (4, 5) | (6, 7) in the two 256-bit halves */
 #define SC2(a, b) _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
 	const __m512i si01 = SC2(0x00010000, 0x00030002), si45 = SC2(0x00050004, 0x00070006);
 #undef SC2
-	const __mmask64 lo = 0x5555555555555555ull;
-	const __mmask32 odd_words = 0xaaaaaaaau;
+	const __m512i sib = _mm512_set1_epi16(16);
+	const __m512i si01b = _mm512_add_epi16(si01, sib), si45b = _mm512_add_epi16(si45, sib);
+	/* each block's mins as int16 (the high half of its [sc, mn]) */
+	const __m256i mins_of = _mm256_broadcastsi128_si256(
+		_mm_setr_epi8(8, -1, 9, -1, 10, -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1));
 	const char *pf = (const char *)x + k_prefetch_rows * row_nb * sizeof(*x);
 	__m256 acc = sum->acc;
 	__m128 acc_m = sum->acc_m;
+	size_t i = 0;
 
-	for (size_t i = 0; i < nb; i++) {
-		const int8_t *q8 = z[i].qs;
+	for (; i + 2 <= nb; i += 2) {
+		/* the lines of blocks i and i + 1, 288 bytes: every line a point
+		 * 48 bytes apart falls in (a last one past them, the next pair's
+		 * first) */
+		for (int l = 0; l < 6; l++)
+			k_prefetch(pf + i * sizeof(*x) + 48 * l);
 
-		/* the lines of block i, 144 bytes: two or three */
+		const __m128 dm0 = q4_k_dm(&x[i], &z[i]), dm1 = q4_k_dm(&x[i + 1], &z[i + 1]);
+		const __m256i sm = k4_scales_mins2_vbmi(x[i].scales, x[i + 1].scales);
+		const __m512i smz = _mm512_castsi256_si512(sm);
+		const __m256i q8s = _mm256_inserti128_si256(
+			_mm256_castsi128_si256(_mm_load_si128((const void *)z[i].q8s)),
+			_mm_load_si128((const void *)z[i + 1].q8s), 1);
+		const __m256 mf =
+			_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_shuffle_epi8(sm, mins_of), q8s));
+
+		acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm0, 0x55), _mm256_castps256_ps128(mf), acc_m);
+		acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm1, 0x55), _mm256_extractf128_ps(mf, 1), acc_m);
+		acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm0),
+				      _mm256_cvtepi32_ps(q4_k_block(&x[i], z[i].qs, smz, si01, si45)),
+				      acc);
+		acc = _mm256_fmadd_ps(
+			_mm256_broadcastss_ps(dm1),
+			_mm256_cvtepi32_ps(q4_k_block(&x[i + 1], z[i + 1].qs, smz, si01b, si45b)), acc);
+	}
+	if (i < nb) { /* an odd last block */
 		for (int l = 0; l < 3; l++)
 			k_prefetch(pf + i * sizeof(*x) + 64 * l);
 
-		/* [d, dmin] * y.d: y.d * d rounds the same either way round */
-		const __m128 dm = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const void *)&x[i].d)),
-					     _mm_broadcast_ss(&z[i].d));
+		const __m128 dm = q4_k_dm(&x[i], &z[i]);
 		const __m128i sm = k4_scales_mins_vbmi(x[i].scales);
-		const __m512i smz = _mm512_castsi128_si512(sm);
-		const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
-		const __m128i q8s = _mm_load_si128((const void *)z[i].q8s);
+		const __m128 mf = _mm_cvtepi32_ps(
+			_mm_madd_epi16(_mm_shuffle_epi8(sm, _mm256_castsi256_si128(mins_of)),
+				       _mm_load_si128((const void *)z[i].q8s)));
 
-		acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm, 0x55),
-				      _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)), acc_m);
-
-		const __m512i b0 = _mm512_loadu_si512(x[i].qs), b1 = _mm512_loadu_si512(x[i].qs + 64);
-		const __m512i zero = _mm512_setzero_si512();
-		/* each sub-block's four-product sums, t0: sub-blocks 0 | 2, t2:
-		 * 4 | 6; t1 and t3 (1 | 3, 5 | 7) from the high nibbles left in
-		 * place, so 16 times theirs */
-		const __m512i t0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(b0, m4),
-						       _mm512_load_si512(q8));
-		const __m512i t1 = _mm512_dpbusd_epi32(zero, _mm512_andnot_si512(m4, b0),
-						       _mm512_load_si512(q8 + 64));
-		const __m512i t2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(b1, m4),
-						       _mm512_load_si512(q8 + 128));
-		const __m512i t3 = _mm512_dpbusd_epi32(zero, _mm512_andnot_si512(m4, b1),
-						       _mm512_load_si512(q8 + 192));
-		/* |sum| <= 4 * 15 * 128 < 2^15: sub-blocks 2j and 2j + 1 in the low
-		 * and high int16 of each dword (16 t << 12 is t << 16), and one
-		 * vpdpwssd scales both */
-		__m512i s0 = _mm512_dpwssd_epi32(
-			zero, _mm512_mask_blend_epi16(odd_words, t0, _mm512_slli_epi32(t1, 12)),
-			_mm512_maskz_permutexvar_epi8(lo, si01, smz));
-		s0 = _mm512_dpwssd_epi32(
-			s0, _mm512_mask_blend_epi16(odd_words, t2, _mm512_slli_epi32(t3, 12)),
-			_mm512_maskz_permutexvar_epi8(lo, si45, smz));
-
-		const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(s0),
-						   _mm512_extracti64x4_epi64(s0, 1));
-
-		acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(s), acc);
+		acc_m = _mm_fnmadd_ps(_mm_permute_ps(dm, 0x55), mf, acc_m);
+		acc = _mm256_fmadd_ps(
+			_mm256_broadcastss_ps(dm),
+			_mm256_cvtepi32_ps(q4_k_block(&x[i], z[i].qs, _mm512_castsi128_si512(sm),
+						      si01, si45)),
+			acc);
 	}
 	sum->acc = acc;
 	sum->acc_m = acc_m;
