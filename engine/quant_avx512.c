@@ -698,28 +698,42 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
  * on a Zen 4 (docs/benchmarks.md, issue 16, session 52).
  */
 
-/* -32 times the sum of each four activations of a block, in order. */
+/* An activation block as q6_k_span reads it: its quants on whole lines
+ * (a Q8_K block's lie 4 bytes in, so every 64-byte load of them would
+ * cross two), -32 times the sum of each four of them, in order, and y.d. */
 struct q6_k_u {
+	int8_t qs[ENG_QK_K];
 	int32_t m32[ENG_QK_K / 4];
+	float d;
+	uint8_t pad[60];
 };
+_Static_assert(sizeof(struct q6_k_u) % 64 == 0, "q6_k_u");
+
+/* Activation blocks laid out at a time: 18 KiB, in a Zen 4's 32 KiB of L1
+ * beside the rows streaming through.  At 64 (36 KiB) a row of 14336 read
+ * at 22 GMAC/s from memory on one core, at 32 at 28-29.5. */
+#define Q6_SPAN 32
 
 VBMI static void q6_k_u_make(size_t nb, const struct eng_block_q8_k *y, struct q6_k_u *u)
 {
 	const __m512i m32 = _mm512_set1_epi8(32), zero = _mm512_setzero_si512();
 
-	for (size_t i = 0; i < nb; i++)
-		for (int v = 0; v < 4; v++)
-			_mm512_store_si512(
-				u[i].m32 + 16 * v,
-				_mm512_sub_epi32(zero, _mm512_dpbusd_epi32(
-							       zero, m32,
-							       _mm512_loadu_si512(y[i].qs + 64 * v))));
+	for (size_t i = 0; i < nb; i++) {
+		for (int v = 0; v < 4; v++) {
+			const __m512i q = _mm512_loadu_si512(y[i].qs + 64 * v);
+
+			_mm512_store_si512(u[i].qs + 64 * v, q);
+			_mm512_store_si512(u[i].m32 + 16 * v,
+					   _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, m32, q)));
+		}
+		u[i].d = y[i].d;
+	}
 }
 
-/* Blocks x[0 .. nb) of a row of row_nb blocks against y[0 .. nb), whose
- * sums u holds, into *accp. */
+/* Blocks x[0 .. nb) of a row of row_nb blocks against u[0 .. nb), into
+ * *accp. */
 VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row_nb,
-			   const struct eng_block_q8_k *y, const struct q6_k_u *u, __m256 *accp)
+			   const struct q6_k_u *u, __m256 *accp)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
 	/* qh's fields 0, 1 to bits 4-5 of the low and high halves (<< 4, << 2);
@@ -757,10 +771,10 @@ VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row
 				m4, 0xe4);
 			const __m512i t01 =
 				_mm512_dpbusd_epi32(_mm512_load_si512(u[i].m32 + 32 * h), q01,
-						    _mm512_loadu_si512(y[i].qs + 128 * h));
+						    _mm512_load_si512(u[i].qs + 128 * h));
 			const __m512i t23 =
 				_mm512_dpbusd_epi32(_mm512_load_si512(u[i].m32 + 32 * h + 16), q23,
-						    _mm512_loadu_si512(y[i].qs + 128 * h + 64));
+						    _mm512_load_si512(u[i].qs + 128 * h + 64));
 
 			s0 = _mm512_dpwssd_epi32(
 				s0, _mm512_mask_blend_epi16(odd_words, t01, _mm512_slli_epi32(t23, 16)),
@@ -770,14 +784,14 @@ VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row
 		const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(s0),
 						      _mm512_extracti64x4_epi64(s0, 1));
 
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * fp16(x[i].d)), _mm256_cvtepi32_ps(sumi),
+		acc = _mm256_fmadd_ps(_mm256_set1_ps(u[i].d * fp16(x[i].d)), _mm256_cvtepi32_ps(sumi),
 				      acc);
 	}
 	*accp = acc;
 }
 
 /* Q6_K's vec_dotn: decoding (one token) with q6_k_span, row after row (a
- * row longer than Z_SPAN blocks a span at a time, Z_ROWS rows a span, as
+ * row longer than Q6_SPAN blocks a span at a time, Z_ROWS rows a span, as
  * Q4_K's); two tokens or more: avx512_prompt_q6_k, bit-identical to it. */
 VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, float *out,
 					  size_t out_stride, const void *w, size_t stride,
@@ -785,7 +799,7 @@ VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, 
 {
 	const size_t nb = n / ENG_QK_K;
 	const struct eng_block_q8_k *y = a;
-	struct q6_k_u u[Z_SPAN] __attribute__((aligned(64)));
+	struct q6_k_u u[Q6_SPAN] __attribute__((aligned(64)));
 	__m256 acc[Z_ROWS];
 
 	if (nt > 1) {
@@ -797,15 +811,15 @@ VBMI static void vec_dotn_q6_k_q8_k_vbmi(size_t n, unsigned nrows, unsigned nt, 
 
 		for (unsigned r = 0; r < nr; r++)
 			acc[r] = _mm256_setzero_ps();
-		for (size_t b0 = 0; b0 < nb; b0 += Z_SPAN) {
-			const size_t nbs = nb - b0 < Z_SPAN ? nb - b0 : Z_SPAN;
+		for (size_t b0 = 0; b0 < nb; b0 += Q6_SPAN) {
+			const size_t nbs = nb - b0 < Q6_SPAN ? nb - b0 : Q6_SPAN;
 
 			q6_k_u_make(nbs, y + b0, u);
 			for (unsigned r = 0; r < nr; r++)
 				q6_k_span((const struct eng_block_q6_k *)((const uint8_t *)w +
 									  (size_t)(r0 + r) * stride) +
 						  b0,
-					  nbs, nb, y + b0, u, &acc[r]);
+					  nbs, nb, u, &acc[r]);
 		}
 		for (unsigned r = 0; r < nr; r++)
 			out[r0 + r] = hsum_f32x8(acc[r]);
