@@ -470,7 +470,11 @@ q4_k_block(const struct eng_block_q4_k *x, const int8_t *q8, __m512i smz, __m512
 	const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
 	const __mmask64 lo = 0x5555555555555555ull;
 	const __mmask32 odd_words = 0xaaaaaaaau;
-	const __m512i b0 = _mm512_loadu_si512(x->qs), b1 = _mm512_loadu_si512(x->qs + 64);
+	__m512i b0 = _mm512_loadu_si512(x->qs), b1 = _mm512_loadu_si512(x->qs + 64);
+
+	/* in registers: GCC would read each again as the second operation's
+	 * operand, a second load across two lines */
+	__asm__("" : "+v"(b0), "+v"(b1));
 	/* each sub-block's four-product sums, t0: sub-blocks 0 | 2, t2: 4 | 6;
 	 * t1 and t3 (1 | 3, 5 | 7) from the high nibbles left in place, so 16
 	 * times theirs */
@@ -759,11 +763,14 @@ VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row
 			k_prefetch(pf + i * sizeof(*x) + 64 * l);
 #pragma GCC unroll 2
 		for (int h = 0; h < ENG_QK_K / 128; h++) {
-			const __m512i b = _mm512_loadu_si512(x[i].ql + 64 * h);
+			__m512i b = _mm512_loadu_si512(x[i].ql + 64 * h);
 			const __m512i bh = _mm512_broadcast_i64x4(
 				_mm256_loadu_si256((const void *)(x[i].qh + 32 * h)));
 			/* 0xe4: bits of the first operand where m4 is set, of the
 			 * second elsewhere: (b & 15) | fields << 4 */
+			/* b in a register: GCC would read it again as the shift's
+			 * operand, a second load across two lines */
+			__asm__("" : "+v"(b));
 			const __m512i q01 = _mm512_ternarylogic_epi32(
 				b, _mm512_and_si512(_mm512_sllv_epi16(bh, sh01), m30), m4, 0xe4);
 			const __m512i q23 = _mm512_ternarylogic_epi32(
