@@ -472,9 +472,8 @@ q4_k_block(const struct eng_block_q4_k *x, const int8_t *q8, __m512i smz, __m512
 	const __mmask32 odd_words = 0xaaaaaaaau;
 	__m512i b0 = _mm512_loadu_si512(x->qs), b1 = _mm512_loadu_si512(x->qs + 64);
 
-	/* in registers: GCC would read each again as the second operation's
-	 * operand, a second load across two lines */
-	__asm__("" : "+v"(b0), "+v"(b1));
+	K_IN_REGISTER(b0);
+	K_IN_REGISTER(b1);
 	/* each sub-block's four-product sums, t0: sub-blocks 0 | 2, t2: 4 | 6;
 	 * t1 and t3 (1 | 3, 5 | 7) from the high nibbles left in place, so 16
 	 * times theirs */
@@ -768,9 +767,7 @@ VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row
 				_mm256_loadu_si256((const void *)(x[i].qh + 32 * h)));
 			/* 0xe4: bits of the first operand where m4 is set, of the
 			 * second elsewhere: (b & 15) | fields << 4 */
-			/* b in a register: GCC would read it again as the shift's
-			 * operand, a second load across two lines */
-			__asm__("" : "+v"(b));
+			K_IN_REGISTER(b);
 			const __m512i q01 = _mm512_ternarylogic_epi32(
 				b, _mm512_and_si512(_mm512_sllv_epi16(bh, sh01), m30), m4, 0xe4);
 			const __m512i q23 = _mm512_ternarylogic_epi32(

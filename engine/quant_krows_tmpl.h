@@ -92,9 +92,10 @@ KR_NAME(dot_q45_k)(size_t n, float *out, const void *w, const void *a, const str
 			/* int16 scale 2j (2j + 1) in every lane */
 			const __m256i scale_l = k_scale(scales, 2 * j);
 			const __m256i scale_h = k_scale(scales, 2 * j + 1);
-			const __m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
+			__m256i bits = _mm256_loadu_si256((const void *)(qs + 32 * j));
 			__m256i ql, qh;
 
+			K_IN_REGISTER(bits);
 			if (five) {
 				q5_k_quants(bits, hbits, j, &ql, &qh);
 			} else {

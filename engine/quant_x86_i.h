@@ -52,6 +52,15 @@ static inline int32_t hsum_i32x4(__m128i v)
 }
 
 /*
+ * Holds vector v in a register from here on.  GCC otherwise reads a
+ * vector of quants loaded once again as the memory operand of each
+ * operation that uses it, and most of those loads cross two lines (a
+ * Q4_K block is 144 bytes, a Q6_K block 210): holding them gained 3-4% a
+ * core from L2 and from memory (docs/benchmarks.md, issue 16, session 53).
+ */
+#define K_IN_REGISTER(v) __asm__("" : "+x"(v))
+
+/*
  * The 6-bit quants (0..63) of 128 Q6_K elements: the low 4 bits from 64
  * bytes of ql, the high 2 from 32 bytes of qh, q[k] = elements 32k..32k+31.
  * Each 2-bit field of qh is shifted to bits 4-5 of its byte and masked
@@ -62,9 +71,13 @@ static inline void q6_k_unpack(const uint8_t *ql, const uint8_t *qh, __m256i q[4
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 	const __m256i m30 = _mm256_set1_epi8(0x30);
-	const __m256i b1 = _mm256_loadu_si256((const void *)ql);
-	const __m256i b2 = _mm256_loadu_si256((const void *)(ql + 32));
-	const __m256i bh = _mm256_loadu_si256((const void *)qh);
+	__m256i b1 = _mm256_loadu_si256((const void *)ql);
+	__m256i b2 = _mm256_loadu_si256((const void *)(ql + 32));
+	__m256i bh = _mm256_loadu_si256((const void *)qh);
+
+	K_IN_REGISTER(b1);
+	K_IN_REGISTER(b2);
+	K_IN_REGISTER(bh);
 
 	q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4),
 			       _mm256_and_si256(_mm256_slli_epi16(bh, 4), m30));
