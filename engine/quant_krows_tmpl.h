@@ -144,11 +144,6 @@ KR_ATTR static inline void KR_NAME(vec_dot_q4_k_q8_k)(size_t n, float *out, cons
  * fastest from memory), with the row k_prefetch_rows ahead prefetched.
  */
 #ifndef KR_SWITCH
-/* Each token's int32 sum is one running register: without this, gcc
- * reassociates the integer adds of the unrolled loops (legal: integers) into
- * a tree over every product, and with eight tokens those products spill to
- * the stack, two stores and two reloads per token and 64 elements. */
-#define KR_KEEP(v) __asm__("" : "+x"(v))
 /* Call CALL(tn) with tn a constant from 1 to KR_TOKENS: each case is an
  * inlined copy in which the token loops unroll and the accumulators stay
  * in registers. */
@@ -252,7 +247,7 @@ KR_NAME(q4_k_block_tn)(const struct eng_block_q4_k *x, __m256i scales, uint64_t 
 				_mm256_maddubs_epi16(qb, _mm256_loadu_si256((const void *)(q8 + 32))));
 
 			sumi[t] = KR_DPWSSD(sumi[t], p16, sp);
-			KR_KEEP(sumi[t]);
+			K_IN_REGISTER(sumi[t]); /* one running register a token */
 		}
 	}
 	/* the mins and dmin made only now, not live through the products
@@ -502,7 +497,7 @@ KR_NAME(q6_k_row_tn)(const struct eng_block_q6_k *x, size_t nb, const uint8_t *a
 					_mm256_maddubs_epi16(_mm256_loadu_si256((const void *)(yk + 32)), qb));
 
 				sumi[t] = KR_DPWSSD(sumi[t], p16, sp);
-				KR_KEEP(sumi[t]);
+				K_IN_REGISTER(sumi[t]); /* one running register a token */
 			}
 		}
 		/* y.d * d as before (the same product), its broadcast a load */
@@ -623,7 +618,7 @@ KR_NAME(q5_k_row_tn)(const struct eng_block_q5_k *x, size_t nb, const uint8_t *a
 						scale_h));
 
 				sumi[t] = _mm256_add_epi32(sumi[t], p);
-				KR_KEEP(sumi[t]);
+				K_IN_REGISTER(sumi[t]); /* one running register a token */
 			}
 		}
 		for (unsigned t = 0; t < tn; t++) {

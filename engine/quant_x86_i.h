@@ -52,11 +52,17 @@ static inline int32_t hsum_i32x4(__m128i v)
 }
 
 /*
- * Holds vector v in a register from here on.  GCC otherwise reads a
- * vector of quants loaded once again as the memory operand of each
- * operation that uses it, and most of those loads cross two lines (a
- * Q4_K block is 144 bytes, a Q6_K block 210): holding them gained 3-4% a
- * core from L2 and from memory (docs/benchmarks.md, issue 16, session 53).
+ * Holds vector v in a register, as it is at this point.  Two uses:
+ *   - a vector of quants loaded once: GCC otherwise reads it again as the
+ *     memory operand of each operation that uses it, and most of those
+ *     loads cross two lines (a Q4_K block is 144 bytes, a Q6_K block 210):
+ *     holding them gained 3-4% a core from L2 and from memory
+ *     (docs/benchmarks.md, issue 16, session 53);
+ *   - each token's int32 sum in the multi-token kernels, one running
+ *     register: GCC otherwise reassociates the integer adds of the
+ *     unrolled loops (legal: integers) into a tree over every product, and
+ *     with eight tokens those products spill to the stack, two stores and
+ *     two reloads per token and 64 elements.
  */
 #define K_IN_REGISTER(v) __asm__("" : "+x"(v))
 
