@@ -224,6 +224,21 @@ static void ctx_alloc(struct eng_ctx *c)
 	c->layer_ns = xcalloc(c, hp->n_layer, sizeof(uint64_t));
 }
 
+/* The recurrent layers' state to zero: a new sequence starts from it. */
+static void rs_zero(struct eng_ctx *c)
+{
+	const struct eng_hparams *hp = &c->m->hp;
+
+	if (c->m->n_rs_layers) {
+		size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
+
+		memset(c->conv_state, 0, (size_t)c->m->n_rs_layers * (hp->ssm_d_conv - 1) *
+						 conv_dim * sizeof(float));
+		memset(c->ssm_state, 0, (size_t)c->m->n_rs_layers * hp->ssm_n_v_heads *
+						hp->ssm_d_state * hp->ssm_d_state * sizeof(float));
+	}
+}
+
 int eng_ctx_size(const struct eng_model *m, const struct eng_ctx_config *cfg,
 		 struct eng_ctx_size *out, char *err, size_t errlen)
 {
@@ -268,6 +283,12 @@ int eng_ctx_create(const struct eng_model *m, const struct eng_ctx_config *cfg,
 	ctx_alloc(c);
 	if (c->oom)
 		goto oom;
+	/* The recurrent state is read, then written, on every token: its pages
+	 * are made here by writing them.  Left to the first token, each page
+	 * took two faults, a read mapping the zero page and a write copying
+	 * it and flushing the other thread's TLB by an interprocessor
+	 * interrupt (docs/benchmarks.md, issue 16, session 53). */
+	rs_zero(c);
 	if (m->arch->act == ACT_GELU_TANH)
 		pthread_once(&gelu_once, gelu_table_init);
 
@@ -401,20 +422,10 @@ uint32_t eng_ctx_n_past(const struct eng_ctx *c)
 
 void eng_ctx_reset(struct eng_ctx *c)
 {
-	const struct eng_hparams *hp = &c->m->hp;
-
 	c->n_past = 0;
 	c->undo_ok = false;
 	kv_clear(c);
-	/* a new sequence: the recurrent layers start from zero */
-	if (c->m->n_rs_layers) {
-		size_t conv_dim = 2 * (size_t)hp->ssm_n_k_heads * hp->ssm_d_state + hp->ssm_d_inner;
-
-		memset(c->conv_state, 0, (size_t)c->m->n_rs_layers * (hp->ssm_d_conv - 1) *
-						 conv_dim * sizeof(float));
-		memset(c->ssm_state, 0, (size_t)c->m->n_rs_layers * hp->ssm_n_v_heads *
-						hp->ssm_d_state * hp->ssm_d_state * sizeof(float));
-	}
+	rs_zero(c);
 }
 
 /* ---- undoing tokens ---------------------------------------------------- */
