@@ -686,7 +686,7 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
  * vec_dot_q6_k_q8_k_vnni (quant_krows_tmpl.h).  Each 128 elements: ql's
  * 64 bytes [b1 | b2] are one load, qh's 32 broadcast to both halves; a
  * vector's low nibbles and 2-bit fields make elements 0..63 in order, its
- * high ones 64..127, so the activations are read as they lie.  Dword L
+ * high ones 64..127, so the activations are read in their order.  Dword L
  * of a vector holds elements 4L..4L+3 of its 64: the halves are the
  * one-row kernel's 32-element chunks, added (exact) before the conversion.
  *
@@ -698,7 +698,9 @@ BF16 static void vec_dot_bf16_avx512(size_t n, float *out, const void *w, const 
  * two int16 halves, and one vpdpwssd scales both (dword L: 16-element
  * sub-blocks L / 4 and 4 + L / 4 of the 128).  A multiply and a half per
  * 64 elements instead of three and a subtraction: 35 -> 41 GMAC/s from L2
- * on a Zen 4 (docs/benchmarks.md, issue 16, session 52).
+ * on a Zen 4 (docs/benchmarks.md, issue 16, session 52).  The activations
+ * are read from a copy on whole lines in the same table: 1.065x from L2
+ * (session 53).
  */
 
 /* An activation block as q6_k_span reads it: its quants on whole lines
@@ -713,8 +715,10 @@ struct q6_k_u {
 _Static_assert(sizeof(struct q6_k_u) % 64 == 0, "q6_k_u");
 
 /* Activation blocks laid out at a time: 18 KiB, in a Zen 4's 32 KiB of L1
- * beside the rows streaming through.  At 64 (36 KiB) a row of 14336 read
- * at 22 GMAC/s from memory on one core, at 32 at 28-29.5. */
+ * beside the rows streaming through.  One core from memory: at 64 blocks
+ * (36 KiB) rows of 12288 read at 21 GMAC/s, at 32 at 29-30; rows of 14336
+ * at 28-29.5, where main's 64-block span of the Q8_K blocks and their sums
+ * (30 KiB) read them at 22 (session 53). */
 #define Q6_SPAN 32
 
 VBMI static void q6_k_u_make(size_t nb, const struct eng_block_q8_k *y, struct q6_k_u *u)
@@ -765,9 +769,10 @@ VBMI static void q6_k_span(const struct eng_block_q6_k *x, size_t nb, size_t row
 			__m512i b = _mm512_loadu_si512(x[i].ql + 64 * h);
 			const __m512i bh = _mm512_broadcast_i64x4(
 				_mm256_loadu_si256((const void *)(x[i].qh + 32 * h)));
+
+			K_IN_REGISTER(b);
 			/* 0xe4: bits of the first operand where m4 is set, of the
 			 * second elsewhere: (b & 15) | fields << 4 */
-			K_IN_REGISTER(b);
 			const __m512i q01 = _mm512_ternarylogic_epi32(
 				b, _mm512_and_si512(_mm512_sllv_epi16(bh, sh01), m30), m4, 0xe4);
 			const __m512i q23 = _mm512_ternarylogic_epi32(
