@@ -10,7 +10,9 @@
  * call) where the set has one (eng_chunk_rows, quant.h), else tiles of 16
  * rows through vec_dot16 (up to ENG_DOT16_NT tokens) where it has one, else
  * of 8 through vec_dot8 (up to ENG_DOT8_NT), else row by row.  Prints the
- * best of R passes.  Defaults: the avx512 set, Q4_K, 64 tokens, 4096
+ * best of R passes and their median: from memory one core's rate follows
+ * the memory's speed, which on a shared machine changes between passes, so
+ * the median says more there, the best from cache.  Defaults: the avx512 set, Q4_K, 64 tokens, 4096
  * columns, 512 rows (about 1 MB of Q4_K: from L2), 5 passes.  Pin it
  * (taskset -c 1) and run it under the benchmark lock.
  * SET is scalar, avx2, avx512 or avx512-novbmi; TYPE is Q4_0, Q4_0_R16, Q8_0,
@@ -30,6 +32,13 @@ static double now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int by_value(const void *a, const void *b)
+{
+	const double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
 }
 
 static void *xalloc(size_t n)
@@ -143,8 +152,8 @@ int main(int argc, char **argv)
 	const size_t stride = (off + (k->pack8[type] ? ENG_PACK8_BYTES(n) : ab) + 63) & ~(size_t)63;
 	uint8_t *w = xalloc(rb * rows), *a = xalloc(stride * nt);
 	float *x = xalloc(n * sizeof(float)), *out = xalloc(nt * rows * sizeof(float));
+	double *dts = xalloc(reps * sizeof(double));
 	uint32_t s = 777;
-	double best = 1e30;
 
 	if (type == ENG_TYPE_Q4_0_R16) {
 		/* Q4_0 rows, interleaved by 16 as strata-repack writes them */
@@ -201,13 +210,16 @@ int main(int argc, char **argv)
 								 a + b * stride);
 			}
 		}
-		const double dt = now() - t0;
-
-		if (dt < best)
-			best = dt;
+		dts[rep] = now() - t0;
 	}
-	printf("%s %s: %lu rows x %lu cols x %lu tokens: %.1f GMAC/s (best of %lu)\n", k->isa,
-	       ti->name, rows, n, nt, (double)rows * (double)n * (double)nt / best / 1e9, reps);
+	qsort(dts, reps, sizeof(*dts), by_value);
+
+	const double macs = (double)rows * (double)n * (double)nt;
+	const double median = reps % 2 ? dts[reps / 2] : (dts[reps / 2 - 1] + dts[reps / 2]) / 2;
+
+	printf("%s %s: %lu rows x %lu cols x %lu tokens: %.1f GMAC/s (best of %lu), median %.1f\n",
+	       k->isa, ti->name, rows, n, nt, macs / dts[0] / 1e9, reps, macs / median / 1e9);
+	free(dts);
 	free(w);
 	free(a);
 	free(x);
