@@ -1003,8 +1003,9 @@ def case_fuse_mixed():
     mount (the page cache), at the same time.  Both get the plain run's
     logits bit for bit; the memory the daemon holds for the model, memfd and
     page cache together, stays within the model's allowance (the budget less
-    the engines' declared memory) give or take the one layer a reader's own
-    reads may add (docs/design.md, the FUSE front end), while they run and
+    the engines' declared memory) give or take the layer a reader's own
+    reads may add and, while the engine is connected too, the layer its
+    faults may (docs/design.md, the FUSE front end), while they run and
     while an engine runs after them; and whichever of the two leaves first,
     the daemon goes on serving."""
     if not os.path.exists("/dev/fuse") or os.geteuid() != 0:
@@ -1137,9 +1138,18 @@ def case_fuse_mixed():
               f"planned resident {sorted(planned)} of {n_layers}; (layer, evictions, drops) "
               f"{[(l['layer'], l['evictions'], l['drops']) for l in st['layers']]}")
         layer = max(l["bytes"] for l in st["layers"]) / 1048576
+        # A layer for each kind of consumer connected: the mount's reader
+        # fills the page cache with its own reads whatever the daemon does,
+        # and a daemon with a mount has no staging slots, so a layer the
+        # engine faults on goes to the memfd even past the allowance
+        # (pager_demand waits only for a slot on its way).  With both
+        # connected, a CI run under load held 190.3 MiB against 184.1: 1.8
+        # layers over (docs/design.md, the FUSE front end's accounting).
+        kinds = {both: 2}
         check("fuse-mixed: the memfd and the page cache together stay within the model's "
-              "allowance, give or take a layer",
-              bool(worst) and all(over <= layer for over, _ in worst.values()),
+              "allowance, give or take a layer for each kind of consumer connected",
+              bool(worst) and all(over <= kinds.get(when, 1) * layer
+                                  for when, (over, _) in worst.items()),
               "; ".join(f"{when}: {text}" for when, (_, text) in worst.items()) +
               f" (a layer is {layer:.1f} MiB)")
     finally:
