@@ -119,20 +119,6 @@ static void measure_hw(const char *path, unsigned threads, struct hw *h)
 		h->file_bytes = (uint64_t)st.st_size;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* The median of v[0..n), n > 0; sorts v. */
-static double median(double *v, size_t n)
-{
-	qsort(v, n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /*
  * The token decoded after `logits`: the greedy one, or with --random-tokens
  * the next of a fixed pseudo-random sequence (*rng, xorshift64), as
@@ -189,8 +175,8 @@ static int bench_pairs(struct session *s, const struct opts *o, int32_t next, lo
 		next = next_token(o, logits, s->hp->n_vocab, rng);
 	}
 	if (rc == 0) {
-		*frac = median(ratio, (size_t)n);
-		*gbps = median(bw, (size_t)n);
+		*frac = hwbench_median(ratio, (size_t)n);
+		*gbps = hwbench_median(bw, (size_t)n);
 	}
 	hwbench_mem_close(m);
 	free(ratio);
@@ -268,7 +254,7 @@ static int bench_passes(struct session *s, const uint32_t *sizes, int n_sizes,
 			}
 			t[r] = now_s() - t0;
 		}
-		out[i] = (struct pass_cost){ sizes[i], median(t, PASS_REPS) };
+		out[i] = (struct pass_cost){ sizes[i], hwbench_median(t, PASS_REPS) };
 	}
 	free(rows);
 	free(ids);

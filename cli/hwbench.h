@@ -9,7 +9,8 @@
  * Both are measured the way the engine and stratad use the hardware: memory
  * with the engine's thread count and AVX2 loads, storage with io_uring,
  * O_DIRECT and 1 MiB reads, 16 in flight (stratad's reader, pager/io.c).
- * Used by `strata bench` and by strata-iobench.  No global state: a memory
+ * Used by `strata bench`, strata-iobench and strata-kbench (hwbench_median,
+ * the one median of the benchmarks' repeated timings).  No global state: a memory
  * buffer lives from hwbench_mem_open to hwbench_mem_close, and everything
  * else is set up and torn down by the call that uses it.
  */
@@ -96,5 +97,8 @@ struct hwbench_io_config {
  */
 int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 			 struct hwbench_result *out, char *err, size_t errlen);
+
+/* The median of v[0..n), n > 0; sorts v (so v[0] is then the least). */
+double hwbench_median(double *v, size_t n);
 
 #endif

@@ -12,12 +12,14 @@
  * of 8 through vec_dot8 (up to ENG_DOT8_NT), else row by row.  Prints the
  * best of R passes and their median: from memory one core's rate follows
  * the memory's speed, which on a shared machine changes between passes, so
- * the median says more there, the best from cache.  Defaults: the avx512 set, Q4_K, 64 tokens, 4096
- * columns, 512 rows (about 1 MB of Q4_K: from L2), 5 passes.  Pin it
+ * the median says more there, the best from cache.  Defaults: the avx512
+ * set, Q4_K, 64 tokens, 4096 columns, 512 rows (about 1 MB of Q4_K: from
+ * L2), 5 passes.  Pin it
  * (taskset -c 1) and run it under the benchmark lock.
  * SET is scalar, avx2, avx512 or avx512-novbmi; TYPE is Q4_0, Q4_0_R16, Q8_0,
  * Q4_K, Q5_K or Q6_K.  Exit status 2 for a bad argument or a set this CPU lacks.
  */
+#include "hwbench.h"
 #include "quant.h"
 
 #include <stdint.h>
@@ -32,13 +34,6 @@ static double now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int by_value(const void *a, const void *b)
-{
-	const double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
 }
 
 static void *xalloc(size_t n)
@@ -212,10 +207,8 @@ int main(int argc, char **argv)
 		}
 		dts[rep] = now() - t0;
 	}
-	qsort(dts, reps, sizeof(*dts), by_value);
-
 	const double macs = (double)rows * (double)n * (double)nt;
-	const double median = reps % 2 ? dts[reps / 2] : (dts[reps / 2 - 1] + dts[reps / 2]) / 2;
+	const double median = hwbench_median(dts, reps); /* sorted: dts[0] the best */
 
 	printf("%s %s: %lu rows x %lu cols x %lu tokens: %.1f GMAC/s (best of %lu), median %.1f\n",
 	       k->isa, ti->name, rows, n, nt, macs / dts[0] / 1e9, reps, macs / median / 1e9);
