@@ -487,8 +487,8 @@ int cmd_bench(int argc, char **argv)
 			printf(", \"cold_token_s\": null, \"first_token_s\": null");
 		json_num("mem_read_gbps", mem_ok, h.mem.gbps);
 		printf(", \"mem_read_threads\": %u, \"mem_read_bytes\": %" PRIu64
-		       ", \"mem_read_error\": ",
-		       h.threads, h.mem.bytes);
+		       ", \"mem_read_huge_bytes\": %" PRIu64 ", \"mem_read_error\": ",
+		       h.threads, h.mem.bytes, h.mem.huge_bytes);
 		if (!h.measured)
 			json_str("not measured (--no-hw)");
 		else if (h.mem_rc)
@@ -564,8 +564,10 @@ int cmd_bench(int argc, char **argv)
 		if (h.mem_rc)
 			printf("memory read  n/a (%s)\n", h.mem_err);
 		else
-			printf("memory read  %.2f GB/s  (%u threads, fastest of %d reads of %.0f MiB)\n",
-			       h.mem.gbps, h.threads, HW_MEM_PASSES, h.mem.bytes / 1048576.0);
+			printf("memory read  %.2f GB/s  (%u threads, fastest of %d reads of %.0f MiB, "
+			       "%.0f%% on 2 MiB pages)\n",
+			       h.mem.gbps, h.threads, HW_MEM_PASSES, h.mem.bytes / 1048576.0,
+			       h.mem.bytes ? 100.0 * h.mem.huge_bytes / h.mem.bytes : 0.0);
 		if (h.io_rc)
 			printf("storage read n/a (%s)\n", h.io_err);
 		else if (h.io.bytes > h.file_bytes)

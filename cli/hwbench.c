@@ -1,8 +1,8 @@
 /*
  * hwbench.c - measure memory and storage read bandwidth (see hwbench.h).
  *
- * Memory: one anonymous mapping, split into equal 4 KiB-aligned parts, one
- * per thread.  Each pass starts a thread per part (the caller reads part 0),
+ * Memory: one anonymous mapping, on 2 MiB pages where the kernel gives them,
+ * split into equal 4 KiB-aligned parts, one per thread.  Each pass starts a thread per part (the caller reads part 0),
  * and is timed from before the first thread starts to after the last one is
  * joined; thread start-up costs tens of microseconds against tens of
  * milliseconds per pass over 1 GiB.  Every page is written before the first
@@ -132,11 +132,41 @@ static int run_parts(struct mem_part *parts, unsigned n)
 }
 
 struct hwbench_mem {
-	uint8_t *buf;
+	uint8_t *map;  /* what mmap returned: buf and the slack to align it */
+	size_t map_size;
+	uint8_t *buf;  /* 2 MiB-aligned, size bytes */
 	size_t size;
+	uint64_t huge; /* of buf's bytes, on 2 MiB pages */
 	unsigned n;
 	struct mem_part *parts;
 };
+
+#define HUGE (2u << 20)
+
+/* Bytes of [p, p + n) mapped through 2 MiB entries: AnonHugePages of the
+ * mapping in /proc/self/smaps.  0 where /proc cannot tell. */
+static uint64_t anon_huge_bytes(const uint8_t *p, size_t n)
+{
+	uintptr_t lo = (uintptr_t)p, hi = lo + n;
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[PATH_MAX + 256];
+	bool inside = false;
+	uint64_t total = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long start, end;
+		unsigned long long kb;
+
+		if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
+			inside = start < hi && end > lo;
+		else if (inside && sscanf(line, "AnonHugePages: %llu kB", &kb) == 1)
+			total += (uint64_t)kb * 1024;
+	}
+	fclose(f);
+	return total;
+}
 
 int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **out)
 {
@@ -160,17 +190,23 @@ int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **ou
 		rc = -ENOMEM;
 		goto fail;
 	}
-	/* MAP_POPULATE allocates the pages in one call, several times faster
-	 * here than faulting them in one by one.  Small pages, as the engine's
-	 * file mappings have: huge pages read no faster on this machine and are
-	 * much slower to allocate. */
-	m->buf = mmap(NULL, m->size, PROT_READ | PROT_WRITE,
-		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-	if (m->buf == MAP_FAILED) {
+	/* 2 MiB pages where the kernel has them, as the weights of a model
+	 * that fits are mapped (session.c, advise_huge_pages): on a guest whose
+	 * every TLB miss is a nested walk, one thread read 4 KiB pages at 0.75
+	 * of the rate it read 2 MiB ones, two threads at 0.7
+	 * (docs/benchmarks.md, issue 16, session 54), and a probe slower than
+	 * the decode it bounds flatters it.  The touch pass below faults the
+	 * pages in, each thread its own part. */
+	m->map_size = m->size + HUGE;
+	m->map = mmap(NULL, m->map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+		      0);
+	if (m->map == MAP_FAILED) {
 		rc = -errno;
-		m->buf = NULL;
+		m->map = NULL;
 		goto fail;
 	}
+	m->buf = (uint8_t *)(((uintptr_t)m->map + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+	(void)madvise(m->buf, m->size, MADV_HUGEPAGE); /* EINVAL without THP */
 	for (unsigned i = 0; i < n_threads; i++) {
 		m->parts[i].p = m->buf + (size_t)i * per;
 		m->parts[i].n = per;
@@ -181,6 +217,7 @@ int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **ou
 		m->parts[i].touch = false;
 	if (rc)
 		goto fail;
+	m->huge = anon_huge_bytes(m->buf, m->size);
 	*out = m;
 	return 0;
 fail:
@@ -203,6 +240,7 @@ int hwbench_mem_pass(struct hwbench_mem *m, struct hwbench_result *out)
 	out->bytes = m->size;
 	out->seconds = t;
 	out->gbps = t > 0 ? m->size / t / 1e9 : 0;
+	out->huge_bytes = m->huge;
 	return 0;
 }
 
@@ -210,8 +248,8 @@ void hwbench_mem_close(struct hwbench_mem *m)
 {
 	if (!m)
 		return;
-	if (m->buf)
-		munmap(m->buf, m->size);
+	if (m->map)
+		munmap(m->map, m->map_size);
 	free(m->parts);
 	free(m);
 }

@@ -25,6 +25,7 @@ struct hwbench_result {
 	uint64_t bytes;  /* read in the timed interval (memory: one pass) */
 	double seconds;  /* of that interval (memory: the fastest pass) */
 	double gbps;     /* bytes / seconds / 1e9 */
+	uint64_t huge_bytes; /* memory: of bytes, those on 2 MiB pages */
 };
 
 /*

@@ -160,6 +160,16 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 assert 0 < d["token_weight_bytes"] <= d["model_bytes"], d
 assert 0.5 < d["mem_read_gbps"] < 10000 and d["mem_read_threads"] >= 1, d
+# the probe reads through 2 MiB pages as the weights do, where the kernel
+# has transparent huge pages and may compact for a region that asks
+h = d["mem_read_huge_bytes"]
+assert 0 <= h <= d["mem_read_bytes"] and h % (2 << 20) == 0, d
+thp = "/sys/kernel/mm/transparent_hugepage/"
+try:
+    thp_on = all("[never]" not in open(thp + f).read() for f in ("enabled", "defrag"))
+except OSError:
+    thp_on = False
+assert h > 0 or not thp_on, d
 # storage: a number, or n/a with the reason (fixtures on tmpfs)
 assert (d["storage_read_gbps"] is not None and d["storage_read_gbps"] > 0.001
         and d["storage_read_bytes"] > 0 and d["storage_read_error"] is None
