@@ -143,31 +143,6 @@ struct hwbench_mem {
 
 #define HUGE (2u << 20)
 
-/* Bytes of [p, p + n) mapped through 2 MiB entries: AnonHugePages of the
- * mapping in /proc/self/smaps.  0 where /proc cannot tell. */
-static uint64_t anon_huge_bytes(const uint8_t *p, size_t n)
-{
-	uintptr_t lo = (uintptr_t)p, hi = lo + n;
-	FILE *f = fopen("/proc/self/smaps", "r");
-	char line[PATH_MAX + 256];
-	bool inside = false;
-	uint64_t total = 0;
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long start, end;
-		unsigned long long kb;
-
-		if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
-			inside = start < hi && end > lo;
-		else if (inside && sscanf(line, "AnonHugePages: %llu kB", &kb) == 1)
-			total += (uint64_t)kb * 1024;
-	}
-	fclose(f);
-	return total;
-}
-
 int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **out)
 {
 	struct hwbench_mem *m;
@@ -217,7 +192,7 @@ int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **ou
 		m->parts[i].touch = false;
 	if (rc)
 		goto fail;
-	m->huge = anon_huge_bytes(m->buf, m->size);
+	m->huge = hwbench_pmd_mapped_bytes(m->buf, m->size);
 	*out = m;
 	return 0;
 fail:
@@ -277,6 +252,38 @@ int hwbench_mem_read(unsigned n_threads, uint64_t bytes, unsigned passes,
 	if (rc)
 		memset(out, 0, sizeof(*out));
 	return rc;
+}
+
+/*
+ * Bytes of the mappings overlapping [p, p + n) that the process reaches
+ * through 2 MiB page-table entries: AnonHugePages, FilePmdMapped and
+ * ShmemPmdMapped in /proc/self/smaps (a mapping has one of the three).
+ * Walks the page tables: not for a timed interval.  0 where /proc cannot
+ * tell.
+ */
+uint64_t hwbench_pmd_mapped_bytes(const void *p, size_t n)
+{
+	uintptr_t lo = (uintptr_t)p, hi = lo + n;
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[PATH_MAX + 256]; /* a mapping's line ends in its path */
+	bool inside = false;
+	uint64_t total = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long start, end;
+		unsigned long long kb;
+
+		if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
+			inside = start < hi && end > lo;
+		else if (inside && (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 ||
+				    sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1 ||
+				    sscanf(line, "ShmemPmdMapped: %llu kB", &kb) == 1))
+			total += (uint64_t)kb * 1024;
+	}
+	fclose(f);
+	return total;
 }
 
 /* ---- headroom ---------------------------------------------------------- */

@@ -99,6 +99,11 @@ struct hwbench_io_config {
 int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 			 struct hwbench_result *out, char *err, size_t errlen);
 
+/* Bytes of the mappings overlapping [p, p + n) reached through 2 MiB
+ * page-table entries (anonymous, file or shmem), from /proc/self/smaps;
+ * 0 where it cannot tell.  Walks the page tables: not for a timed interval. */
+uint64_t hwbench_pmd_mapped_bytes(const void *p, size_t n);
+
 /* The median of v[0..n), n > 0; sorts v (so v[0] is then the least). */
 double hwbench_median(double *v, size_t n);
 

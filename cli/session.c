@@ -623,34 +623,15 @@ uint64_t peak_rss_bytes(void)
 
 /*
  * How many bytes of the weights' mapping the process reaches through 2 MiB
- * page-table entries (FilePmdMapped and ShmemPmdMapped of its mappings in
- * /proc/self/smaps): the plain mapping's large folios, or a pager memfd's
- * huge pages.  Decode from memory reads a few percent faster through them
- * (advise_huge_pages), so a benchmark says how much it had.  Walks the
+ * page-table entries (hwbench_pmd_mapped_bytes): the plain mapping's large
+ * folios, or a pager memfd's huge pages.  Decode from memory reads faster
+ * through them (advise_huge_pages: a few percent on a Zen 5 guest, up to a
+ * third on a Zen 4 one), so a benchmark says how much it had.  Walks the
  * page tables: not for a timed interval.  0 where /proc cannot tell.
  */
 uint64_t session_huge_mapped_bytes(const struct session *s)
 {
-	uintptr_t lo = (uintptr_t)s->base, hi = lo + s->size;
-	FILE *f = fopen("/proc/self/smaps", "r");
-	char line[PATH_MAX + 256]; /* a mapping's line ends in its path */
-	bool inside = false;
-	uint64_t total = 0;
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long start, end;
-		unsigned long long kb;
-
-		if (sscanf(line, "%lx-%lx ", &start, &end) == 2)
-			inside = start < hi && end > lo;
-		else if (inside && (sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1 ||
-				    sscanf(line, "ShmemPmdMapped: %llu kB", &kb) == 1))
-			total += (uint64_t)kb * 1024;
-	}
-	fclose(f);
-	return total;
+	return hwbench_pmd_mapped_bytes(s->base, s->size);
 }
 
 /* Read all of a stream into a NUL-terminated buffer. */
