@@ -2,13 +2,14 @@
  * hwbench.c - measure memory and storage read bandwidth (see hwbench.h).
  *
  * Memory: one anonymous mapping, on 2 MiB pages where the kernel gives them,
- * split into equal 4 KiB-aligned parts, one per thread.  Each pass starts a thread per part (the caller reads part 0),
- * and is timed from before the first thread starts to after the last one is
- * joined; thread start-up costs tens of microseconds against tens of
- * milliseconds per pass over 1 GiB.  Every page is written before the first
- * pass: an anonymous page never written reads as the one shared zero page,
- * which would stay in cache.  The loads are AVX2 (when the CPU has it) and
- * their sum goes to a volatile sink, so the compiler cannot drop them.
+ * split into equal 4 KiB-aligned parts, one per thread.  Each pass starts a
+ * thread per part (the caller reads part 0), and is timed from before the
+ * first thread starts to after the last one is joined; thread start-up
+ * costs tens of microseconds against tens of milliseconds per pass over 1
+ * GiB.  Every page is written before the first pass: an anonymous page
+ * never written reads as the one shared zero page, which would stay in
+ * cache.  The loads are AVX2 (when the CPU has it) and their sum goes to a
+ * volatile sink, so the compiler cannot drop them.
  *
  * Headroom: what the process may still allocate, read from its memory
  * cgroup (and each one above it) and /proc/meminfo, for the caller to size
