@@ -133,16 +133,56 @@ static int run_parts(struct mem_part *parts, unsigned n)
 }
 
 struct hwbench_mem {
-	uint8_t *map;  /* what mmap returned: buf and the slack to align it */
-	size_t map_size;
-	uint8_t *buf;  /* 2 MiB-aligned, size bytes */
+	uint8_t *buf;  /* hwbench_huge_alloc(size) */
 	size_t size;
 	uint64_t huge; /* of buf's bytes, on 2 MiB pages */
 	unsigned n;
 	struct mem_part *parts;
 };
 
-#define HUGE (2u << 20)
+#define HUGE ((size_t)2 << 20)
+
+/* n rounded up to whole 2 MiB pages; 0 for 0 or too large */
+static size_t huge_len(size_t n)
+{
+	return n > SIZE_MAX - HUGE ? 0 : (n + HUGE - 1) & ~(HUGE - 1);
+}
+
+/*
+ * 2 MiB pages where the kernel has them, as the weights of a model that fits
+ * are mapped (session.c, advise_huge_pages): on a guest whose every TLB miss
+ * is a nested walk, one thread read 4 KiB pages at 0.75 of the rate it read
+ * 2 MiB ones, two threads at 0.7 (docs/benchmarks.md, issue 16, session 54),
+ * and a probe or kernel benchmark slower than the decode it stands for
+ * flatters it.  A mapping of its own, not malloc's: the advice must come
+ * before any page is written, and malloc may write them first
+ * (MALLOC_PERTURB_, which meson's test runner sets).  The pages come when
+ * first written.
+ */
+void *hwbench_huge_alloc(size_t n)
+{
+	size_t len = huge_len(n);
+	uint8_t *map, *p;
+
+	if (!len || len > SIZE_MAX - HUGE)
+		return NULL;
+	map = mmap(NULL, len + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (map == MAP_FAILED)
+		return NULL;
+	/* keep the 2 MiB-aligned len bytes, unmap the slack either side */
+	p = (uint8_t *)(((uintptr_t)map + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+	if (p > map)
+		munmap(map, (size_t)(p - map));
+	munmap(p + len, (size_t)(map + HUGE - p));
+	(void)madvise(p, len, MADV_HUGEPAGE); /* EINVAL without THP: small pages */
+	return p;
+}
+
+void hwbench_huge_free(void *p, size_t n)
+{
+	if (p)
+		munmap(p, huge_len(n));
+}
 
 int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **out)
 {
@@ -166,23 +206,12 @@ int hwbench_mem_open(unsigned n_threads, uint64_t bytes, struct hwbench_mem **ou
 		rc = -ENOMEM;
 		goto fail;
 	}
-	/* 2 MiB pages where the kernel has them, as the weights of a model
-	 * that fits are mapped (session.c, advise_huge_pages): on a guest whose
-	 * every TLB miss is a nested walk, one thread read 4 KiB pages at 0.75
-	 * of the rate it read 2 MiB ones, two threads at 0.7
-	 * (docs/benchmarks.md, issue 16, session 54), and a probe slower than
-	 * the decode it bounds flatters it.  The touch pass below faults the
-	 * pages in, each thread its own part. */
-	m->map_size = m->size + HUGE;
-	m->map = mmap(NULL, m->map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-		      0);
-	if (m->map == MAP_FAILED) {
-		rc = -errno;
-		m->map = NULL;
+	/* written by the touch pass below, each thread its own part */
+	m->buf = hwbench_huge_alloc(m->size);
+	if (!m->buf) {
+		rc = -ENOMEM;
 		goto fail;
 	}
-	m->buf = (uint8_t *)(((uintptr_t)m->map + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
-	(void)madvise(m->buf, m->size, MADV_HUGEPAGE); /* EINVAL without THP */
 	for (unsigned i = 0; i < n_threads; i++) {
 		m->parts[i].p = m->buf + (size_t)i * per;
 		m->parts[i].n = per;
@@ -224,8 +253,7 @@ void hwbench_mem_close(struct hwbench_mem *m)
 {
 	if (!m)
 		return;
-	if (m->map)
-		munmap(m->map, m->map_size);
+	hwbench_huge_free(m->buf, m->size);
 	free(m->parts);
 	free(m);
 }

@@ -99,6 +99,12 @@ struct hwbench_io_config {
 int hwbench_storage_read(const char *path, const struct hwbench_io_config *cfg,
 			 struct hwbench_result *out, char *err, size_t errlen);
 
+/* n bytes (rounded up to 2 MiB, 2 MiB-aligned, zero) on 2 MiB pages where
+ * the kernel has transparent huge pages, as a model that fits is mapped;
+ * NULL when out of memory.  hwbench_huge_free(p, n) unmaps it. */
+void *hwbench_huge_alloc(size_t n);
+void hwbench_huge_free(void *p, size_t n);
+
 /* Bytes of the mappings overlapping [p, p + n) reached through 2 MiB
  * page-table entries (anonymous, file or shmem), from /proc/self/smaps;
  * 0 where it cannot tell.  Walks the page tables: not for a timed interval. */

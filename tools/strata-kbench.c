@@ -10,15 +10,15 @@
  * call) where the set has one (eng_chunk_rows, quant.h), else tiles of 16
  * rows through vec_dot16 (up to ENG_DOT16_NT tokens) where it has one, else
  * of 8 through vec_dot8 (up to ENG_DOT8_NT), else row by row.  Prints the
- * best of R passes and their median: from memory one core's rate follows
- * the memory's speed, which on a shared machine changes between passes, so
- * the median says more there, the best from cache.  Defaults: the avx512
- * set, Q4_K, 64 tokens, 4096 columns, 512 rows (about 1 MB of Q4_K: from
- * L2), 5 passes.  Pin it
- * (taskset -c 1) and run it under the benchmark lock.
+ * best of R passes and their median, that also in GB/s of weights read:
+ * from memory one core's rate follows the memory's speed, which on a shared
+ * machine changes between passes, so the median says more there, the best
+ * from cache.  Defaults: the avx512 set, Q4_K, 64 tokens, 4096 columns, 512
+ * rows (about 1 MB of Q4_K: from L2), 5 passes.  Pin it (taskset -c 1) and
+ * run it under the benchmark lock.
  * SET is scalar, avx2, avx512 or avx512-novbmi; TYPE is Q4_0, Q4_0_R16, Q8_0,
  * Q4_K, Q5_K or Q6_K.  The weights are on 2 MiB pages where the kernel gives
- * them (huge_alloc).  Exit status 2 for a bad argument or a set this CPU lacks.
+ * them (hwbench_huge_alloc).  Exit status 2 for a bad argument or a set this CPU lacks.
  */
 #include "hwbench.h"
 #include "quant.h"
@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 static double now(void)
@@ -46,27 +45,6 @@ static void *xalloc(size_t n)
 		fprintf(stderr, "strata-kbench: out of memory\n");
 		exit(1);
 	}
-	return p;
-}
-
-/*
- * The weight rows on 2 MiB pages where the kernel has them, as a model that
- * fits is mapped (session.c): through 4 KiB pages a guest's every TLB miss
- * is a nested walk, and one core read memory at 0.75 of its rate through 2
- * MiB ones (docs/benchmarks.md, issue 16, session 54).  free() frees it.
- */
-#define HUGE (2ul << 20)
-
-static void *huge_alloc(size_t n)
-{
-	size_t len = (n + HUGE - 1) & ~(HUGE - 1);
-	uint8_t *p = aligned_alloc(HUGE, len);
-
-	if (!p) {
-		fprintf(stderr, "strata-kbench: out of memory\n");
-		exit(1);
-	}
-	(void)madvise(p, len, MADV_HUGEPAGE); /* EINVAL without THP: small pages */
 	return p;
 }
 
@@ -168,11 +146,15 @@ int main(int argc, char **argv)
 	 * copy on its own cache lines */
 	const size_t off = k->pack8[type] ? (ab + 63) & ~(size_t)63 : 0;
 	const size_t stride = (off + (k->pack8[type] ? ENG_PACK8_BYTES(n) : ab) + 63) & ~(size_t)63;
-	uint8_t *w = huge_alloc(rb * rows), *a = xalloc(stride * nt);
+	uint8_t *w = hwbench_huge_alloc(rb * rows), *a = xalloc(stride * nt);
 	float *x = xalloc(n * sizeof(float)), *out = xalloc(nt * rows * sizeof(float));
 	double *dts = xalloc(reps * sizeof(double));
 	uint32_t s = 777;
 
+	if (!w) {
+		fprintf(stderr, "strata-kbench: out of memory\n");
+		return 1;
+	}
 	if (type == ENG_TYPE_Q4_0_R16) {
 		/* Q4_0 rows, interleaved by 16 as strata-repack writes them */
 		uint8_t *q = xalloc(rb * rows);
@@ -233,10 +215,12 @@ int main(int argc, char **argv)
 	const double macs = (double)rows * (double)n * (double)nt;
 	const double median = hwbench_median(dts, reps); /* sorted: dts[0] the best */
 
-	printf("%s %s: %lu rows x %lu cols x %lu tokens: %.1f GMAC/s (best of %lu), median %.1f\n",
-	       k->isa, ti->name, rows, n, nt, macs / dts[0] / 1e9, reps, macs / median / 1e9);
+	printf("%s %s: %lu rows x %lu cols x %lu tokens: %.1f GMAC/s (best of %lu), median %.1f "
+	       "(%.1f GB/s of weights)\n",
+	       k->isa, ti->name, rows, n, nt, macs / dts[0] / 1e9, reps, macs / median / 1e9,
+	       (double)rb * (double)rows / median / 1e9);
 	free(dts);
-	free(w);
+	hwbench_huge_free(w, rb * rows);
 	free(a);
 	free(x);
 	free(out);
